@@ -1,0 +1,36 @@
+"""Typed exceptions the engine raises; the API layer maps each to an OpenAI-shaped error."""
+
+from __future__ import annotations
+
+
+class PagedServeError(Exception):
+    """Base class of every error pagedserve raises on purpose."""
+
+
+class InvalidRequestError(PagedServeError, ValueError):
+    """A request the engine can never serve as given (bad parameter, prompt too long).
+
+    ``param`` names the offending field so the server can fill OpenAI's ``error.param``.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class QueueFullError(PagedServeError):
+    """The waiting queue is at its limit; the caller should retry later."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class EngineDeadError(PagedServeError):
+    """The engine's step loop has stopped; no request can make progress."""
+
+
+class BlockAllocationError(PagedServeError):
+    """Misuse of the block pool (double free, freeing an unknown block, pool exhausted)."""
