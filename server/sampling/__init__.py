@@ -1,0 +1,16 @@
+"""Token sampling for the engine: per-request parameters, one vectorised pass per step."""
+
+from pagedserve.server.sampling.metadata import SamplingMetadata, SamplingRow
+from pagedserve.server.sampling.sampler import Sampler, SamplerOutput
+from pagedserve.server.sampling.stopping import FinishReason, check_stop_token
+from pagedserve.server.sampling.validation import validate_token_ids
+
+__all__ = [
+    "FinishReason",
+    "Sampler",
+    "SamplerOutput",
+    "SamplingMetadata",
+    "SamplingRow",
+    "check_stop_token",
+    "validate_token_ids",
+]

@@ -1,0 +1,104 @@
+"""The sampler: one call per engine step turns the logits of every sampling sequence into
+next tokens, each row under its own request's parameters.
+
+Processing order: penalties and biases (every row) → greedy rows take the argmax →
+temperature → top-k → top-p → min-p → a random draw by the exponential race. Greedy rows
+(temperature 0, and beam search, which ranks candidates itself) break ties towards the lower
+token id.
+
+Logprobs in the output are the log-softmax of the RAW logits the model produced, before any
+of the processing above, which is what OpenAI and vLLM report. Beam search needs the
+distribution it actually ranks by, which ``compute_logprobs`` gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pagedserve.server.sampling.exponential_race import exponential_noise, exponential_race
+from pagedserve.server.sampling.logprobs import sampled_logprobs, top_logprobs
+from pagedserve.server.sampling.metadata import SamplingMetadata
+from pagedserve.server.sampling.penalties import apply_penalties_and_biases
+from pagedserve.server.sampling.warpers import apply_warpers
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """What one step sampled, row for row with the metadata's rows.
+
+    ``top_logprobs`` holds ``k = max requested logprobs`` entries for every row (best first;
+    a row that asked for fewer takes a prefix), ``None`` when no row asked for any.
+    """
+
+    sampled_token_ids: torch.Tensor  # long [N]
+    sampled_logprobs: torch.Tensor  # float32 [N], raw-logit logprob of the sampled token
+    top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # (ids long [N, k], float32 [N, k])
+
+
+class Sampler:
+    """Samples a batch whose rows carry different parameters, without a loop over rows
+    (except to seed the generators of seeded rows).
+
+    ``seed`` seeds the generator that unseeded rows share; ``None`` seeds it from the OS.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        """Sample one token per row of ``logits`` (float32 ``[N, V]``, left unmodified)."""
+        logits = _checked(logits, metadata)
+        token_ids = self._sample(apply_penalties_and_biases(logits, metadata), metadata)
+        return SamplerOutput(
+            sampled_token_ids=token_ids,
+            sampled_logprobs=sampled_logprobs(logits, token_ids),
+            top_logprobs=top_logprobs(logits, metadata.max_num_logprobs),
+        )
+
+    def process_logits(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """The logits each row samples from: greedy rows after penalties and biases, random
+        rows after the warpers too; masked tokens are -inf. May return ``logits`` itself."""
+        logits = _checked(logits, metadata)
+        processed = apply_penalties_and_biases(logits, metadata)
+        return processed if metadata.all_greedy else apply_warpers(processed, metadata)
+
+    def compute_logprobs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """float32 ``[N, V]``: log-softmax of the processed logits (what beam search ranks)."""
+        return torch.log_softmax(self.process_logits(logits, metadata), dim=-1)
+
+    def _sample(self, processed: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        if metadata.all_greedy:
+            return processed.argmax(dim=-1)
+        probs = apply_warpers(processed, metadata).softmax(dim=-1)
+        shared = self._generator(processed.device) if metadata.has_unseeded_random else None
+        noise = exponential_noise(tuple(probs.shape), probs.device, metadata.seeded_rows, shared)
+        token_ids = exponential_race(probs, noise)
+        if metadata.greedy_mask is not None:
+            token_ids = torch.where(metadata.greedy_mask, processed.argmax(dim=-1), token_ids)
+        return token_ids
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            if self._seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(self._seed)
+            self._generators[device] = generator
+        return generator
+
+
+def _checked(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    expected = (metadata.num_rows, metadata.vocab_size)
+    if logits.dim() != 2 or tuple(logits.shape) != expected:
+        raise ValueError(
+            f"logits of shape {tuple(logits.shape)} do not match the sampling metadata, "
+            f"which expects {expected}"
+        )
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    # Half-precision logits lose the small differences that penalties and top-p act on.
+    return logits.float()

@@ -1,0 +1,57 @@
+"""The random-sampling stage: temperature, top-k, top-p, min-p, in that order.
+
+Each is the transformers warper of the same name, vectorised over rows that each carry their
+own value; the metadata gives greedy rows and rows that did not ask the neutral value, so one
+pass serves the whole batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from pagedserve.server.sampling.metadata import SamplingMetadata
+
+_MASKED = float("-inf")
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
+    """Keep each row's ``top_k`` largest logits (ties at the k-th value kept), then the
+    smallest set of the largest whose probability reaches ``top_p``; mask the rest to -inf."""
+    # Ascending, as transformers sorts for top-p, so that the cumulative sums match its own.
+    sorted_logits, order = logits.sort(dim=-1)
+    if top_k is not None:
+        kth_largest = sorted_logits.gather(1, (logits.size(1) - top_k).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, _MASKED)
+    if top_p is not None:
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= (1 - top_p).unsqueeze(1)
+        # A row at top_p = 1 must stay untouched; the comparison alone would still drop
+        # tokens whose probability underflows to zero.
+        drop &= (top_p < 1).unsqueeze(1)
+        drop[:, -1] = False
+        sorted_logits = sorted_logits.masked_fill(drop, _MASKED)
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens whose probability is below ``min_p`` times the row's top probability."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    # The top token always survives (min_p <= 1), so no row is left empty.
+    return logits.masked_fill(probs < threshold, _MASKED)
+
+
+def apply_warpers(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Temperature, then top-k and top-p, then min-p; returns a new tensor or ``logits``."""
+    if metadata.temperature is not None:
+        logits = logits / metadata.temperature.unsqueeze(1)
+    if metadata.top_k is not None or metadata.top_p is not None:
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+    if metadata.min_p is not None:
+        logits = apply_min_p(logits, metadata.min_p)
+    return logits
