@@ -1,0 +1,166 @@
+"""Chat messages → prompt text, through the model's Jinja chat template.
+
+Templates come from checkpoints, so they run in Jinja's immutable sandbox, set up the way
+Hugging Face transformers renders them (``trim_blocks``, ``lstrip_blocks``, loop controls, a
+``tojson`` that does not escape HTML, ``raise_exception`` and ``strftime_now``), so a template
+renders here exactly as it does in ``tokenizer.apply_chat_template``. The variables are
+``messages``, ``add_generation_prompt`` and the model's named special tokens (``bos_token``,
+``eos_token``, ...).
+
+Messages are validated first: each is an object with a ``role`` among ``ROLES`` and a
+``content`` that is a string or a list of text parts (``{"type": "text", "text": ...}``, joined
+with newlines); an assistant message that carries ``tool_calls`` may leave ``content`` out.
+Keys whose value is null are dropped, as transformers does. Invalid messages, and templates
+that reject a conversation (``raise_exception``), raise ``InvalidRequestError(param="messages")``.
+
+A model without a template gets ``DEFAULT_CHAT_TEMPLATE``, ChatML::
+
+    <|im_start|>system
+    You are terse.<|im_end|>
+    <|im_start|>user
+    Hi<|im_end|>
+    <|im_start|>assistant
+
+one ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` block per message, then
+``<|im_start|>assistant\\n`` when ``add_generation_prompt`` is true.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, NoReturn
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.tokenizer.errors import TokenizerLoadError
+
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+_PARAM = "messages"
+
+
+def render_chat_template(
+    template: str | None,
+    messages: object,
+    *,
+    add_generation_prompt: bool = True,
+    special_tokens: Mapping[str, str] | None = None,
+) -> str:
+    """The prompt text of ``messages`` under ``template`` (``DEFAULT_CHAT_TEMPLATE`` if None)."""
+    chat = validate_messages(messages)
+    compiled = compile_chat_template(template or DEFAULT_CHAT_TEMPLATE)
+    variables = {**(special_tokens or {}), "add_generation_prompt": add_generation_prompt}
+    try:
+        return compiled.render(messages=chat, **variables)
+    except InvalidRequestError:
+        raise
+    except (jinja2.TemplateError, TypeError, KeyError, ValueError) as exc:
+        raise InvalidRequestError(f"the chat template failed on these messages: {exc}",
+                                  param=_PARAM) from exc
+
+
+@lru_cache(maxsize=32)
+def compile_chat_template(template: str) -> jinja2.Template:
+    """``template`` compiled in the sandbox; raises jinja2.TemplateSyntaxError if malformed."""
+    return _environment().from_string(template)
+
+
+def checked_chat_template(template: str | None, source: str) -> str | None:
+    """``template`` once it compiles; a checkpoint's broken template fails at load time."""
+    if template is not None:
+        try:
+            compile_chat_template(template)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TokenizerLoadError(f"{source}: the chat template does not compile: "
+                                     f"{exc} (line {exc.lineno})") from exc
+    return template
+
+
+def validate_messages(messages: object) -> list[dict[str, Any]]:
+    """Checked copies of ``messages`` with text-part contents joined into strings."""
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
+        _fail(f"messages must be a list, got {type(messages).__name__}")
+    if not messages:
+        _fail("messages must contain at least one message, got 0")
+    return [_validate_message(i, message) for i, message in enumerate(messages)]
+
+
+def _validate_message(i: int, message: object) -> dict[str, Any]:
+    if not isinstance(message, Mapping):
+        _fail(f"messages[{i}] must be an object, got {type(message).__name__}")
+    checked = {key: value for key, value in message.items() if value is not None}
+    if "role" not in checked:
+        _fail(f"messages[{i}] is missing 'role'")
+    role = checked["role"]
+    if role not in ROLES:
+        _fail(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
+    if "content" in checked:
+        checked["content"] = _content_text(i, checked["content"])
+    elif not (role == "assistant" and checked.get("tool_calls")):
+        _fail(f"messages[{i}] is missing 'content'")
+    return checked
+
+
+def _content_text(i: int, content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        _fail(f"messages[{i}].content must be a string or a list of text parts, "
+              f"got {type(content).__name__}")
+    return "\n".join(_part_text(i, j, part) for j, part in enumerate(content))
+
+
+def _part_text(i: int, j: int, part: object) -> str:
+    where = f"messages[{i}].content[{j}]"
+    if not isinstance(part, Mapping):
+        _fail(f"{where} must be an object, got {type(part).__name__}")
+    if part.get("type") != "text":
+        _fail(f"{where}.type must be 'text', got {part.get('type')!r}")
+    text = part.get("text")
+    if not isinstance(text, str):
+        _fail(f"{where}.text must be a string, got {type(text).__name__}")
+    return text
+
+
+def _fail(message: str) -> NoReturn:
+    raise InvalidRequestError(message, param=_PARAM)
+
+
+def _raise_exception(message: str) -> NoReturn:
+    # Templates call this to reject a conversation (say, roles that do not alternate): the
+    # request is at fault, not the server.
+    raise InvalidRequestError(message, param=_PARAM)
+
+
+def _tojson(value: object, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's own tojson escapes <, >, & and ' for HTML, which would change the prompt.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=1)
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env

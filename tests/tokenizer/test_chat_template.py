@@ -1,0 +1,174 @@
+"""Chat templates render as transformers renders them; bad messages are clear request errors."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
+from pagedserve.server.tokenizer.chat_template import DEFAULT_CHAT_TEMPLATE, render_chat_template
+
+from tests.tokenizer_files import CHATML_TEMPLATE, LLAMA2_TEMPLATE, write_hf_tokenizer
+
+# Loop controls, namespaces, tojson (no HTML escaping, non-ASCII kept), special-token variables.
+JSON_TEMPLATE = r"""
+{%- set ns = namespace(turns=0) -%}
+{%- for message in messages -%}
+    {%- if message['role'] == 'system' %}{% continue %}{% endif -%}
+    {%- set ns.turns = ns.turns + 1 -%}
+    [{{ ns.turns }}] {{ message | tojson }}
+{% endfor -%}
+{%- if add_generation_prompt %}{{ bos_token }}{{ pad_token }}{% endif %}
+"""
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "  What is <b>&</b>?  "},
+        {"role": "assistant", "content": "HTML, 你好 😀"},
+        {"role": "user", "content": "Thanks\nbye"},
+    ],
+    [
+        {"role": "user", "content": "Ping", "name": "alice"},
+        {"role": "assistant", "content": "Pong"},
+        {"role": "user", "content": "Again"},
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def template_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {
+        name: write_hf_tokenizer(tmp_path_factory.mktemp(name), 300, chat_template=template)
+        for name, template in (("chatml", CHATML_TEMPLATE), ("llama2", LLAMA2_TEMPLATE),
+                               ("json", JSON_TEMPLATE))
+    }
+
+
+@pytest.fixture(scope="module")
+def tokenizer_pairs(template_dirs: dict[str, Path],
+                    auto_tokenizer_for: Callable[[Path], object]) -> dict[str, tuple]:
+    return {name: (load_tokenizer(path), auto_tokenizer_for(path))
+            for name, path in template_dirs.items()}
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama2", "json"])
+@pytest.mark.parametrize("conversation", CONVERSATIONS)
+@pytest.mark.parametrize("add_generation_prompt", [True, False])
+def test_rendering_matches_transformers(
+    tokenizer_pairs: dict[str, tuple], name: str, conversation: list[dict[str, str]],
+    add_generation_prompt: bool,
+) -> None:
+    ours, reference = tokenizer_pairs[name]
+    expected = reference.apply_chat_template(conversation, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
+    assert ours.apply_chat_template(conversation, add_generation_prompt) == expected
+
+
+def test_llama2_rendering_is_exact(template_dirs: dict[str, Path]) -> None:
+    rendered = load_tokenizer(template_dirs["llama2"]).apply_chat_template(CONVERSATIONS[1])
+    assert rendered == (
+        "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nWhat is <b>&</b>? [/INST] "
+        "HTML, 你好 😀 </s><s>[INST] Thanks\nbye [/INST]"
+    )
+
+
+def test_template_exception_is_a_request_error(template_dirs: dict[str, Path]) -> None:
+    tokenizer = load_tokenizer(template_dirs["llama2"])
+    with pytest.raises(InvalidRequestError) as info:
+        tokenizer.apply_chat_template([{"role": "assistant", "content": "I start"}])
+    assert str(info.value) == "roles must alternate user/assistant, starting with user"
+    assert info.value.param == "messages"
+
+
+def test_default_template_exact_output(hf_tokenizer: Tokenizer) -> None:
+    assert hf_tokenizer.chat_template == CHATML_TEMPLATE
+    messages = [{"role": "system", "content": "You are terse."},
+                {"role": "user", "content": " Hi "}]
+    expected = ("<|im_start|>system\nYou are terse.<|im_end|>\n"
+                "<|im_start|>user\n Hi <|im_end|>\n")
+    assert render_chat_template(None, messages, add_generation_prompt=False) == expected
+    assert render_chat_template(None, messages) == expected + "<|im_start|>assistant\n"
+    assert render_chat_template(DEFAULT_CHAT_TEMPLATE, messages) == render_chat_template(
+        None, messages)
+
+
+def test_model_without_template_uses_the_default(tmp_path: Path) -> None:
+    tokenizer = load_tokenizer(write_hf_tokenizer(tmp_path, 300, chat_template=None))
+    assert tokenizer.chat_template is None
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}]) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_text_parts_are_joined_and_null_keys_dropped() -> None:
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "one"},
+                                     {"type": "text", "text": "two"}], "name": None},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+    ]
+    template = "{% for m in messages %}{{ m | tojson }};{% endfor %}"
+    assert render_chat_template(template, messages) == (
+        '{"role": "user", "content": "one\\ntwo"};'
+        '{"role": "assistant", "tool_calls": [{"id": "c1"}]};'
+    )
+
+
+@pytest.mark.parametrize(
+    ("messages", "error"),
+    [
+        ("hello", "messages must be a list, got str"),
+        ({"role": "user"}, "messages must be a list, got dict"),
+        ([], "messages must contain at least one message, got 0"),
+        ([["user", "hi"]], "messages[0] must be an object, got list"),
+        ([{"role": "user", "content": "a"}, {"content": "b"}], "messages[1] is missing 'role'"),
+        ([{"role": "robot", "content": "a"}],
+         "messages[0].role must be one of assistant, developer, system, tool, user, "
+         "got 'robot'"),
+        ([{"role": "user"}], "messages[0] is missing 'content'"),
+        ([{"role": "user", "content": None}], "messages[0] is missing 'content'"),
+        ([{"role": "assistant", "tool_calls": []}], "messages[0] is missing 'content'"),
+        ([{"role": "user", "content": 5}],
+         "messages[0].content must be a string or a list of text parts, got int"),
+        ([{"role": "user", "content": ["hi"]}],
+         "messages[0].content[0] must be an object, got str"),
+        ([{"role": "user", "content": [{"type": "text", "text": "a"},
+                                       {"type": "image_url", "image_url": {"url": "x"}}]}],
+         "messages[0].content[1].type must be 'text', got 'image_url'"),
+        ([{"role": "user", "content": [{"type": "text"}]}],
+         "messages[0].content[0].text must be a string, got NoneType"),
+    ],
+)
+def test_invalid_messages(hf_tokenizer: Tokenizer, messages: object, error: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        hf_tokenizer.apply_chat_template(messages)
+    assert (str(info.value), info.value.param) == (error, "messages")
+
+
+def test_template_runtime_failure_is_a_request_error() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        render_chat_template("{{ messages[0]['content'] + 1 }}", [{"role": "user", "content": "a"}])
+    assert str(info.value) == ('the chat template failed on these messages: can only '
+                               'concatenate str (not "int") to str')
+
+
+def test_sandbox_refuses_to_mutate_messages() -> None:
+    messages = [{"role": "user", "content": "a"}]
+    with pytest.raises(InvalidRequestError) as info:
+        render_chat_template("{% set _ = messages.append(1) %}x", messages)
+    assert str(info.value) == ("the chat template failed on these messages: access to attribute "
+                               "'append' of 'list' object is unsafe.")
+    assert messages == [{"role": "user", "content": "a"}]
+
+
+def test_broken_template_fails_at_load(tmp_path: Path) -> None:
+    write_hf_tokenizer(tmp_path, 300, chat_template="{% for m in messages %}")
+    with pytest.raises(TokenizerLoadError) as info:
+        load_tokenizer(tmp_path)
+    assert str(info.value).startswith(f"{tmp_path}: the chat template does not compile: "
+                                      "Unexpected end of template.")
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == "{% for m in messages %}"
