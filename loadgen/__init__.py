@@ -1,0 +1,1 @@
+"""Load generation for OpenAI-compatible servers: ``pagedserve bench`` (see README.md)."""

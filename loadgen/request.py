@@ -1,0 +1,198 @@
+"""One streaming request, timestamped chunk by chunk.
+
+Each read from the socket buffer is stamped with ``time.perf_counter()`` the moment it
+returns, before any parsing; every event decoded from that read shares the stamp, since its
+bytes arrived together. A chunk counts as a token arrival only when it carries generated text
+(a completion's ``text``, a chat delta's ``content``): role-only and usage-only chunks do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from pagedserve.client.sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+from pagedserve.loadgen.config import RequestSpec
+from pagedserve.loadgen.datasets import SampleRequest
+
+_ERROR_BODY_LIMIT = 300
+
+
+class StreamProtocolError(Exception):
+    """A stream that is valid SSE but not a valid OpenAI completion stream."""
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """What happened to one request; times are ``perf_counter`` seconds."""
+
+    request_id: int
+    prompt_len: int
+    max_tokens: int
+    scheduled: float = 0.0  # when the arrival schedule made it due
+    started: float = 0.0  # when its coroutine ran (before any wait for a concurrency slot)
+    sent: float = 0.0  # just before the HTTP request went out
+    finished: float = 0.0  # the stream's [DONE], or the moment it failed
+    chunk_times: list[float] = field(default_factory=list)
+    success: bool = False
+    error: str = ""
+    output_tokens: int | None = None
+    output_tokens_source: str = ""  # "usage" (the server's count) or "tokenizer"
+    usage_prompt_tokens: int | None = None
+    text: str = ""
+
+    @property
+    def ttft(self) -> float:
+        return self.chunk_times[0] - self.sent
+
+    @property
+    def e2el(self) -> float:
+        return self.finished - self.sent
+
+
+def build_payload(spec: RequestSpec, sample: SampleRequest) -> dict[str, object]:
+    """The JSON body for one sample: streaming, usage requested, vLLM's extensions if set."""
+    payload: dict[str, object] = {
+        "model": spec.model,
+        "max_tokens": sample.expected_output_len,
+        "temperature": spec.effective_temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if spec.endpoint == "chat":
+        payload["messages"] = [{"role": "user", "content": sample.prompt}]
+    else:
+        payload["prompt"] = sample.prompt
+    if spec.n != 1:
+        payload["n"] = spec.n
+    if spec.best_of is not None:
+        payload["best_of"] = spec.best_of
+    if spec.use_beam_search:
+        payload["use_beam_search"] = True
+    if spec.ignore_eos:
+        payload["ignore_eos"] = True
+    payload.update(spec.extra_body)
+    return payload
+
+
+async def send_request(session: aiohttp.ClientSession, url: str, body: bytes,
+                       headers: dict[str, str], result: RequestResult,
+                       timeout: aiohttp.ClientTimeout) -> None:
+    """Posts ``body`` and streams the answer into ``result``; never raises for a failure."""
+    parts: list[str] = []
+    result.sent = time.perf_counter()
+    try:
+        async with session.post(url, data=body, headers=headers, timeout=timeout) as response:
+            if response.status != 200:
+                result.error = await _http_error(response)
+            else:
+                await _read_stream(response, result, parts)
+    except asyncio.TimeoutError:
+        result.error = f"timeout: no complete response within {timeout.total} s"
+    except (aiohttp.ClientError, OSError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    except (SSEDecodeError, StreamProtocolError, UnicodeDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    if not result.finished:
+        result.finished = time.perf_counter()
+    result.text = "".join(parts)
+    result.success = not result.error
+
+
+async def _http_error(response: aiohttp.ClientResponse) -> str:
+    body = await response.content.read(_ERROR_BODY_LIMIT * 4)
+    try:
+        message = orjson.loads(body)["error"]["message"]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        message = body.decode("utf-8", "replace")
+    return f"HTTP {response.status}: {str(message)[:_ERROR_BODY_LIMIT]}"
+
+
+async def _read_stream(response: aiohttp.ClientResponse, result: RequestResult,
+                       parts: list[str]) -> None:
+    decoder = SSEDecoder()
+    tail = b""
+    done = False
+    while True:
+        data = await response.content.readany()
+        now = time.perf_counter()
+        if not data:
+            break
+        if done:
+            continue  # drain to the end of the body so the connection can be reused
+        *lines, tail = (tail + data).split(b"\n")
+        for line in lines:
+            event = decoder.feed_line(line)
+            if event is not None and not done:
+                done = _handle(event, now, result, parts)
+    if not done:
+        _finish_without_done(decoder, tail, result, parts)
+    elif not result.chunk_times:
+        raise StreamProtocolError("stream completed without any generated text, so TTFT "
+                                  "is undefined")
+
+
+def _finish_without_done(decoder: SSEDecoder, tail: bytes, result: RequestResult,
+                         parts: list[str]) -> None:
+    now = time.perf_counter()
+    for event in (decoder.feed_line(tail) if tail else None, decoder.flush()):
+        if event is not None and _handle(event, now, result, parts):
+            return
+    raise StreamProtocolError("stream ended before 'data: [DONE]'")
+
+
+def _handle(event: ServerSentEvent, now: float, result: RequestResult,
+            parts: list[str]) -> bool:
+    """Applies one event; True at ``[DONE]``."""
+    if event.is_done:
+        result.finished = now
+        return True
+    chunk = event.json()
+    if not isinstance(chunk, dict):
+        raise StreamProtocolError(f"chunk is not a JSON object: {event.data[:200]!r}")
+    if "error" in chunk:
+        raise StreamProtocolError(f"error event in stream: {_error_message(chunk['error'])}")
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        _apply_usage(usage, result)
+    choices = chunk.get("choices")
+    if choices and _append_text(choices, parts):
+        result.chunk_times.append(now)
+    return False
+
+
+def _append_text(choices: object, parts: list[str]) -> bool:
+    if not isinstance(choices, list):
+        raise StreamProtocolError(f"'choices' is not a list: {choices!r:.200}")
+    got_text = False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise StreamProtocolError(f"a choice is not an object: {choice!r:.200}")
+        delta = choice.get("delta")
+        piece = choice.get("text")
+        if isinstance(delta, dict):
+            piece = delta.get("content") or delta.get("reasoning_content")
+        if isinstance(piece, str) and piece:
+            parts.append(piece)
+            got_text = True
+    return got_text
+
+
+def _apply_usage(usage: dict, result: RequestResult) -> None:
+    completion = usage.get("completion_tokens")
+    if isinstance(completion, int):
+        result.output_tokens = completion
+        result.output_tokens_source = "usage"
+    prompt = usage.get("prompt_tokens")
+    if isinstance(prompt, int):
+        result.usage_prompt_tokens = prompt
+
+
+def _error_message(error: object) -> str:
+    if isinstance(error, dict) and "message" in error:
+        return str(error["message"])[:_ERROR_BODY_LIMIT]
+    return str(error)[:_ERROR_BODY_LIMIT]

@@ -1,0 +1,88 @@
+"""Token counting for prompt lengths and the output-token fallback.
+
+Two sources: a tiktoken encoding on this machine, or the server's own tokenizer through
+``POST /tokenize``. Counting is async so both share one interface; it only ever runs before
+or after the timed part of a run, never between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+import aiohttp
+import orjson
+
+from pagedserve.client.encoding import load_encoding
+from pagedserve.loadgen.errors import TokenizerError
+
+SERVER_TOKENIZER = "server"
+
+
+class TokenCounter(Protocol):
+    name: str
+
+    async def count(self, texts: Sequence[str]) -> list[int]:
+        """The number of tokens of each text."""
+        ...
+
+
+class TiktokenCounter:
+    """Counts with a local tiktoken encoding; special-token text is counted as plain text."""
+
+    def __init__(self, encoding_name: str = "cl100k_base") -> None:
+        try:
+            self._encoding = load_encoding(encoding_name)
+        except ValueError as exc:
+            raise TokenizerError(f"unknown tiktoken encoding {encoding_name!r}: {exc}") from exc
+        self.name = encoding_name
+
+    def count_sync(self, texts: Sequence[str]) -> list[int]:
+        return [len(self._encoding.encode_ordinary(text)) for text in texts]
+
+    async def count(self, texts: Sequence[str]) -> list[int]:
+        return self.count_sync(texts)
+
+
+class ServerTokenCounter:
+    """Counts with the server's ``POST /tokenize`` (``{"model", "prompt"} → {"count", ...}``)."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, model: str,
+                 max_parallel: int = 16, headers: dict[str, str] | None = None) -> None:
+        self._session = session
+        self._url = base_url.rstrip("/") + "/tokenize"
+        self._model = model
+        self._headers = headers or {}
+        self._slots = asyncio.Semaphore(max_parallel)
+        self.name = SERVER_TOKENIZER
+
+    async def count(self, texts: Sequence[str]) -> list[int]:
+        return list(await asyncio.gather(*(self._count_one(text) for text in texts)))
+
+    async def _count_one(self, text: str) -> int:
+        payload = {"model": self._model, "prompt": text}
+        async with self._slots:
+            try:
+                async with self._session.post(self._url, json=payload,
+                                              headers=self._headers) as response:
+                    body = await response.read()
+                    status = response.status
+            except aiohttp.ClientError as exc:
+                raise TokenizerError(f"POST {self._url} failed: {exc!r}") from exc
+        if status != 200:
+            raise TokenizerError(f"POST {self._url} answered HTTP {status}: {body[:200]!r}")
+        return _count_from_body(self._url, body)
+
+
+def _count_from_body(url: str, body: bytes) -> int:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise TokenizerError(f"POST {url} answered non-JSON: {body[:200]!r}") from exc
+    if isinstance(data, dict) and isinstance(data.get("count"), int):
+        return data["count"]
+    if isinstance(data, dict) and isinstance(data.get("tokens"), list):
+        return len(data["tokens"])
+    raise TokenizerError(f"POST {url} answered without 'count' or 'tokens': {body[:200]!r}")
+
