@@ -1,0 +1,199 @@
+"""Paged attention, torch reference.
+
+Each op gathers every sequence's K/V through its block table with one index tensor, pads the
+batch to the longest sequence, masks, and runs a single ``scaled_dot_product_attention`` over
+the whole batch (grouped-query attention through ``enable_gqa``: no copy of the KV heads).
+SDPA's CPU and CUDA kernels accumulate the softmax in float32 for half types; the output has
+the query's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _check_common(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
+        raise ValueError(
+            "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
+            f"head_dim], got {list(key_cache.shape)} and {list(value_cache.shape)}"
+        )
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[2]
+    if head_dim != key_cache.shape[3] or num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"query heads x dim {num_heads}x{head_dim} do not fit the cache's "
+            f"{num_kv_heads}x{key_cache.shape[3]} (query heads must be a multiple of KV heads)"
+        )
+    if block_tables.dim() != 2 or seq_lens.shape != (block_tables.shape[0],):
+        raise ValueError(
+            f"block_tables must be [S, M] and seq_lens [S], got {list(block_tables.shape)} "
+            f"and {list(seq_lens.shape)}"
+        )
+
+
+def _max_seq_len(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> int:
+    lo, hi = (int(x) for x in torch.aminmax(seq_lens))
+    capacity = block_tables.shape[1] * block_size
+    if lo < 1 or hi > capacity:
+        raise ValueError(
+            f"seq_lens must lie in [1, {capacity}] (block table width "
+            f"{block_tables.shape[1]} x block size {block_size}), got min {lo} max {hi}"
+        )
+    return hi
+
+
+def _gather_slots(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int
+) -> torch.Tensor:
+    """Flat slot ids [S, max_len] of every sequence's positions 0..max_len-1."""
+    pos = torch.arange(max_len, device=seq_lens.device)
+    # Positions past a sequence's end re-read its last written slot rather than an unwritten
+    # one: garbage there (even NaN) would survive a zero attention weight as 0 * NaN.
+    pos = torch.minimum(pos[None, :], (seq_lens.long() - 1)[:, None])
+    blocks = torch.gather(block_tables.long(), 1, pos // block_size)
+    return blocks * block_size + pos % block_size
+
+
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Cache rows at ``slots`` [S, L] → [S, L, Hkv, D]."""
+    flat = cache.view(-1, cache.shape[2], cache.shape[3])
+    return flat.index_select(0, slots.view(-1)).view(*slots.shape, *flat.shape[1:])
+
+
+def _attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """query [S, Q, H, D], key/value [S, L, Hkv, D], allowed bool [S, Q, L] → [S, Q, H, D]."""
+    out = F.scaled_dot_product_attention(
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        attn_mask=allowed[:, None],
+        scale=scale,
+        enable_gqa=query.shape[2] != key.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+def paged_attention_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token [S, H, D] per sequence, at position ``seq_lens[s] - 1``, attending to
+    all ``seq_lens[s]`` cached positions (its own K/V already written) → [S, H, D]."""
+    _check_common(query, key_cache, value_cache, block_tables, seq_lens)
+    if query.shape[0] != seq_lens.shape[0]:
+        raise ValueError(
+            f"decode takes one query per sequence: query has {query.shape[0]} rows for "
+            f"{seq_lens.shape[0]} sequences"
+        )
+    block_size = key_cache.shape[1]
+    max_len = _max_seq_len(seq_lens, block_tables, block_size)
+    slots = _gather_slots(block_tables, seq_lens, max_len, block_size)
+    key, value = _gather(key_cache, slots), _gather(value_cache, slots)
+    positions = torch.arange(max_len, device=query.device)
+    allowed = (positions[None, :] < seq_lens[:, None])[:, None, :]  # [S, 1, L]
+    return _attend(query[:, None], key, value, allowed, scale)[:, 0]
+
+
+def _query_lens(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int
+) -> torch.Tensor:
+    if query_start_loc.shape != (seq_lens.shape[0] + 1,):
+        raise ValueError(
+            f"query_start_loc must be [S+1] = [{seq_lens.shape[0] + 1}], "
+            f"got {list(query_start_loc.shape)}"
+        )
+    query_lens = query_start_loc[1:] - query_start_loc[:-1]
+    bad = (query_lens < 1) | (seq_lens < query_lens)
+    if bool(bad.any()) or int(query_start_loc[-1]) != num_tokens:
+        raise ValueError(
+            "every sequence needs 1 <= q_len <= seq_len and the q_lens must sum to the "
+            f"{num_tokens} query rows; got q_lens {query_lens.tolist()}, "
+            f"seq_lens {seq_lens.tolist()}"
+        )
+    return query_lens
+
+
+def _prefill_padded(
+    query: torch.Tensor,
+    out: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    starts: torch.Tensor,
+    query_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> None:
+    """Causal attention for sequences with q_len > 1, padded to the longest query; writes the
+    real rows of ``out``."""
+    block_size = key_cache.shape[1]
+    max_len = _max_seq_len(seq_lens, block_tables, block_size)
+    max_q = int(query_lens.max())
+    step = torch.arange(max_q, device=query.device)
+    # Padding rows repeat the sequence's last query row, so they stay inside its length.
+    step_clamped = torch.minimum(step[None, :], (query_lens - 1)[:, None])  # [S, Q]
+    rows = starts[:, None] + step_clamped
+    # Query row i of a sequence sits at position context_len + i.
+    last_visible = (seq_lens - query_lens)[:, None] + step_clamped  # [S, Q]
+    positions = torch.arange(max_len, device=query.device)
+    allowed = positions[None, None, :] <= last_visible[:, :, None]  # [S, Q, L]
+    slots = _gather_slots(block_tables, seq_lens, max_len, block_size)
+    key, value = _gather(key_cache, slots), _gather(value_cache, slots)
+    result = _attend(query[rows], key, value, allowed, scale)  # [S, Q, H, D]
+    real = step[None, :] < query_lens[:, None]
+    out[rows[real]] = result[real]
+
+
+def paged_attention_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Packed queries [T, H, D]: sequence s owns rows ``query_start_loc[s]:[s+1]``, its last
+    q_len positions; row i attends causally to positions ``<= seq_lens[s] - q_len + i``,
+    cached context included (chunked prefill, prefix hits) → [T, H, D]."""
+    _check_common(query, key_cache, value_cache, block_tables, seq_lens)
+    query_lens = _query_lens(query_start_loc, seq_lens, query.shape[0]).long()
+    single = query_lens == 1
+    if bool(single.all()):
+        return paged_attention_decode(
+            query, key_cache, value_cache, block_tables, seq_lens, scale
+        )
+    # Decode rows go through the decode path so that a long prefill in the same step does not
+    # pad every decode to its query length.
+    out = torch.empty_like(query)
+    starts = query_start_loc[:-1].long()
+    decodes = single.nonzero()[:, 0]
+    if decodes.numel() > 0:
+        rows = starts[decodes]
+        out[rows] = paged_attention_decode(
+            query[rows], key_cache, value_cache, block_tables[decodes], seq_lens[decodes], scale
+        )
+    prefills = (~single).nonzero()[:, 0]
+    _prefill_padded(
+        query, out, key_cache, value_cache, starts[prefills], query_lens[prefills],
+        block_tables[prefills], seq_lens[prefills].long(), scale,
+    )
+    return out

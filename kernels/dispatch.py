@@ -1,0 +1,85 @@
+"""Choosing the kernel backend: one ``KernelOps`` bundle, passed to the model explicitly.
+
+Backends: ``"torch"`` (the reference in this package, any device) and ``"triton"``
+(``pagedserve.kernels.triton``, imported only when chosen). ``"auto"`` takes Triton for a CUDA
+device and the torch reference otherwise.
+
+Environment: ``PAGEDSERVE_KERNEL_BACKEND`` (``auto`` | ``torch`` | ``triton``) is read only when
+the caller passes ``backend=None``; an explicit ``backend`` always wins over it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pagedserve.kernels import attention, cache_ops
+
+BACKENDS = ("auto", "torch", "triton")
+BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOps:
+    """The five paged-KV ops of one backend (signatures in docs/internals.md)."""
+
+    name: str
+    reshape_and_cache: Callable[..., None]
+    paged_attention_decode: Callable[..., torch.Tensor]
+    paged_attention_prefill: Callable[..., torch.Tensor]
+    copy_blocks: Callable[..., None]
+    swap_blocks: Callable[..., None]
+
+
+TORCH_OPS = KernelOps(
+    name="torch",
+    reshape_and_cache=cache_ops.reshape_and_cache,
+    paged_attention_decode=attention.paged_attention_decode,
+    paged_attention_prefill=attention.paged_attention_prefill,
+    copy_blocks=cache_ops.copy_blocks,
+    swap_blocks=cache_ops.swap_blocks,
+)
+
+
+def _triton_ops() -> KernelOps:
+    try:
+        from pagedserve.kernels.triton import (
+            copy_blocks,
+            paged_attention_decode,
+            paged_attention_prefill,
+            reshape_and_cache,
+            swap_blocks,
+        )
+    except ImportError as exc:
+        raise ImportError(
+            f"kernel backend 'triton' is unavailable ({exc}); install triton "
+            "(pip install 'pagedserve[gpu]') or choose backend 'torch'"
+        ) from exc
+    return KernelOps(
+        name="triton",
+        reshape_and_cache=reshape_and_cache,
+        paged_attention_decode=paged_attention_decode,
+        paged_attention_prefill=paged_attention_prefill,
+        copy_blocks=copy_blocks,
+        swap_blocks=swap_blocks,
+    )
+
+
+def get_kernel_ops(device: torch.device | str, backend: str | None = "auto") -> KernelOps:
+    """The kernel ops for ``device``; ``backend=None`` defers to $PAGEDSERVE_KERNEL_BACKEND
+    (default ``auto``)."""
+    source = "backend"
+    if backend is None:
+        backend = os.environ.get(BACKEND_ENV) or "auto"
+        source = BACKEND_ENV
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"unknown kernel backend {backend!r} (from {source}); choose one of "
+            f"{', '.join(BACKENDS)}"
+        )
+    if backend == "auto":
+        backend = "triton" if torch.device(device).type == "cuda" else "torch"
+    return _triton_ops() if backend == "triton" else TORCH_OPS

@@ -1,0 +1,133 @@
+"""The KV cache tensors: per layer, a K and a V pool ``[num_blocks, block_size, num_kv_heads,
+head_dim]`` on the device, plus a CPU swap space of the same layout.
+
+The block manager decides which block ids hold what; this class only owns the memory and runs
+the block ops (swap in, swap out, copy-on-write copies) through the model's ``KernelOps``.
+Pools are allocated uninitialised: the attention kernels never read a slot that was not
+written, and untouched CPU pages cost no memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from pagedserve.kernels.dispatch import KernelOps
+from pagedserve.server.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    from pagedserve.server.engine.config import CacheConfig
+
+BlockMapping = Sequence[tuple[int, int]]
+
+
+def check_max_model_len(max_model_len: int, num_blocks: int, block_size: int) -> None:
+    """Refuses a ``max_model_len`` that one sequence could not reach in a cache of
+    ``num_blocks`` blocks."""
+    needed = math.ceil(max_model_len / block_size)
+    if needed > num_blocks:
+        raise ValueError(
+            f"max_model_len {max_model_len} needs {needed} KV blocks of {block_size} tokens, "
+            f"but the KV cache holds {num_blocks} blocks ({num_blocks * block_size} tokens); "
+            "raise num_kv_blocks or kv_cache_memory, or lower max_model_len"
+        )
+
+
+class KVCache:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        block_size: int,
+        num_device_blocks: int,
+        num_cpu_blocks: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        kernel_ops: KernelOps,
+    ) -> None:
+        self.block_size = block_size
+        self.num_device_blocks = num_device_blocks
+        self.num_cpu_blocks = num_cpu_blocks
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.ops = kernel_ops
+        self.bytes_per_block = model_config.bytes_per_block(block_size, dtype)
+        shape = (block_size, model_config.num_key_value_heads, model_config.head_dim)
+        layers = range(model_config.num_hidden_layers)
+        self.key_caches = [self._pool(num_device_blocks, shape, self.device) for _ in layers]
+        self.value_caches = [self._pool(num_device_blocks, shape, self.device) for _ in layers]
+        # Pinned host memory makes device↔host copies direct DMA; it only exists with CUDA.
+        pin = self.device.type == "cuda"
+        cpu = torch.device("cpu")
+        self.cpu_key_caches = [self._pool(num_cpu_blocks, shape, cpu, pin) for _ in layers]
+        self.cpu_value_caches = [self._pool(num_cpu_blocks, shape, cpu, pin) for _ in layers]
+
+    def _pool(
+        self, num_blocks: int, shape: tuple[int, ...], device: torch.device, pin: bool = False
+    ) -> torch.Tensor:
+        return torch.empty((num_blocks, *shape), dtype=self.dtype, device=device, pin_memory=pin)
+
+    @classmethod
+    def create(
+        cls,
+        model_config: ModelConfig,
+        cache_config: CacheConfig,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        kernel_ops: KernelOps,
+    ) -> KVCache:
+        """Sizes the pools from ``num_kv_blocks`` / ``kv_cache_memory`` and ``swap_space`` over
+        the model's bytes per block; refuses a ``max_model_len`` the device pool cannot hold."""
+        bytes_per_block = model_config.bytes_per_block(cache_config.block_size, dtype)
+        num_device_blocks = cache_config.resolve_num_blocks(bytes_per_block)
+        check_max_model_len(max_model_len, num_device_blocks, cache_config.block_size)
+        return cls(
+            model_config, cache_config.block_size, num_device_blocks,
+            cache_config.num_cpu_blocks(bytes_per_block), dtype, device, kernel_ops,
+        )
+
+    @property
+    def device_caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(K, V) per layer, as the model takes them."""
+        return list(zip(self.key_caches, self.value_caches, strict=True))
+
+    def swap_in(self, mapping: BlockMapping) -> None:
+        """Copies CPU block ``src`` to device block ``dst`` for each pair, every layer."""
+        blocks = self._mapping(mapping, self.num_cpu_blocks, self.num_device_blocks, "swap_in")
+        for src, dst in self._pools(self.cpu_key_caches, self.cpu_value_caches,
+                                    self.key_caches, self.value_caches):
+            self.ops.swap_blocks(src, dst, blocks)
+
+    def swap_out(self, mapping: BlockMapping) -> None:
+        """Copies device block ``src`` to CPU block ``dst`` for each pair, every layer."""
+        blocks = self._mapping(mapping, self.num_device_blocks, self.num_cpu_blocks, "swap_out")
+        for src, dst in self._pools(self.key_caches, self.value_caches,
+                                    self.cpu_key_caches, self.cpu_value_caches):
+            self.ops.swap_blocks(src, dst, blocks)
+
+    def copy(self, mapping: BlockMapping) -> None:
+        """Copies device block ``src`` onto device block ``dst`` (copy-on-write), every layer."""
+        blocks = self._mapping(mapping, self.num_device_blocks, self.num_device_blocks, "copy")
+        self.ops.copy_blocks(self.key_caches, self.value_caches, blocks.to(self.device))
+
+    @staticmethod
+    def _pools(
+        src_k: list[torch.Tensor],
+        src_v: list[torch.Tensor],
+        dst_k: list[torch.Tensor],
+        dst_v: list[torch.Tensor],
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [*zip(src_k, dst_k, strict=True), *zip(src_v, dst_v, strict=True)]
+
+    @staticmethod
+    def _mapping(mapping: BlockMapping, num_src: int, num_dst: int, op: str) -> torch.Tensor:
+        for src, dst in mapping:
+            if not (0 <= src < num_src and 0 <= dst < num_dst):
+                raise ValueError(
+                    f"{op} pair ({src}, {dst}) is out of range: source pool has {num_src} "
+                    f"blocks, destination pool {num_dst}"
+                )
+        return torch.tensor(list(mapping), dtype=torch.int64).view(-1, 2)

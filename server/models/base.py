@@ -1,0 +1,68 @@
+"""What every model family shares: the interface the runner calls and the loader's hooks.
+
+``model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, hidden]`` runs the step's
+packed tokens; ``compute_logits(hidden [N, hidden]) -> float32 [N, vocab]`` runs only on the
+rows that sample. Callers run both under ``torch.inference_mode()``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedserve.kernels.dispatch import KernelOps
+from pagedserve.server.models.attention import AttentionMetadata
+from pagedserve.server.models.config import ModelConfig
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class CausalLM(nn.Module):
+    """Base class of the families. Subclasses set ``self.model`` (the decoder stack, called
+    with the step's inputs) and ``self.lm_head`` after ``super().__init__``. Module names
+    follow the checkpoint's names, so most weights load by name."""
+
+    model: nn.Module
+    lm_head: nn.Linear
+
+    def __init__(self, config: ModelConfig, kernel_ops: KernelOps) -> None:
+        super().__init__()
+        self.config = config
+        self.kernel_ops = kernel_ops
+
+    def tie_embeddings(self, embed_tokens: nn.Embedding) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = embed_tokens.weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_caches: KVCaches,
+    ) -> torch.Tensor:
+        if len(kv_caches) != self.config.num_hidden_layers:
+            raise ValueError(
+                f"got {len(kv_caches)} KV caches for {self.config.num_hidden_layers} layers"
+            )
+        if input_ids.shape != positions.shape or input_ids.shape[0] != attn.num_tokens:
+            raise ValueError(
+                f"input_ids {list(input_ids.shape)}, positions {list(positions.shape)} and "
+                f"slot_mapping [{attn.num_tokens}] must all be [T]"
+            )
+        return self.model(input_ids, positions, attn, kv_caches)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def map_checkpoint_name(self, name: str) -> str | None:
+        """The parameter a checkpoint tensor loads into, or None to skip it."""
+        return name

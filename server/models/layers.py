@@ -1,0 +1,128 @@
+"""Building blocks shared by the model families: norms, rotary embedding, packed projections,
+the gated MLP and activations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pagedserve.server.models.errors import ModelLoadError
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise ModelLoadError(
+            f"unsupported activation {name!r}; supported: {', '.join(sorted(ACTIVATIONS))}"
+        )
+    return ACTIVATIONS[name]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # The variance in float32, as the reference implementations do: bf16 squares overflow
+        # precision long before they overflow range.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class MergedLinear(nn.Linear):
+    """One matmul for several checkpoint projections stacked along the output dim (vLLM's
+    packed modules): ``qkv_proj`` holds ``q_proj``, ``k_proj``, ``v_proj``. The loader reads
+    ``shards`` to place each checkpoint tensor in its rows."""
+
+    def __init__(self, in_features: int, shards: Mapping[str, int], bias: bool) -> None:
+        super().__init__(in_features, sum(shards.values()), bias=bias)
+        self.shards: tuple[tuple[str, int], ...] = tuple(shards.items())
+
+
+class GatedMLP(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU when the activation is SiLU."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(
+            hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, bias
+        )
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act = get_activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+def rope_inv_freq(
+    head_dim: int, theta: float, scaling: Mapping[str, Any] | None
+) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2], float32, with the checkpoint's scaling applied."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    factor = float(_rope_param(scaling, "factor"))
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    return _llama3_inv_freq(inv_freq, factor, scaling)
+
+
+def _rope_param(scaling: Mapping[str, Any], key: str) -> Any:
+    if key not in scaling:
+        raise ModelLoadError(f"rope_scaling of type {scaling['rope_type']!r} needs {key!r}")
+    return scaling[key]
+
+
+def _llama3_inv_freq(
+    inv_freq: torch.Tensor, factor: float, scaling: Mapping[str, Any]
+) -> torch.Tensor:
+    # Llama 3.1 keeps high frequencies (short wavelengths), divides low ones by `factor`, and
+    # interpolates smoothly between the two wavelength bounds.
+    low = float(_rope_param(scaling, "low_freq_factor"))
+    high = float(_rope_param(scaling, "high_freq_factor"))
+    original = float(_rope_param(scaling, "original_max_position_embeddings"))
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    interpolated = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, interpolated)
+    return torch.where(wavelen < original / high, inv_freq, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for the step's positions, computed once per forward and shared by all
+    layers."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: Mapping[str, Any] | None) -> None:
+        super().__init__()
+        # Created on the CPU explicitly so that a model built on the meta device keeps real
+        # frequencies; the loader moves buffers to the target device.
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        return freqs.cos(), freqs.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates halves (GPT-NeoX / Hugging Face layout) of x [T, heads, D] by cos/sin [T, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,122 @@
+"""Llama (and Mistral without its sliding window): GQA, RoPE, RMSNorm, SwiGLU."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pagedserve.kernels.dispatch import KernelOps
+from pagedserve.server.models.attention import AttentionMetadata, PagedAttention
+from pagedserve.server.models.base import CausalLM, KVCaches
+from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.layers import (
+    GatedMLP,
+    MergedLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary,
+)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = d = config.head_dim
+        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
+        self.qkv_proj = MergedLinear(
+            config.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size},
+            bias=qkv_bias,
+        )
+        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=o_bias)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, ops)
+        self.sizes = [q_size, kv_size, kv_size]
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
+        k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        out = self.attn(q, k, v, attn, kv_cache)  # [T, H, D]
+        return self.o_proj(out.reshape(out.shape[0], -1))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool
+    ) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.self_attn = LlamaAttention(config, ops, qkv_bias, o_bias)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = GatedMLP(
+            config.hidden_size, config.intermediate_size, config.hidden_act,
+            bias=bool(config.hf_config.get("mlp_bias", False)),
+        )
+
+    def forward(
+        self,
+        h: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, kv_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(
+        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, ops, qkv_bias, o_bias)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        attn: AttentionMetadata,
+        kv_caches: KVCaches,
+    ) -> torch.Tensor:  # [T, hidden]
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions)  # [T, D/2] each
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            h = layer(h, cos, sin, attn, kv_cache)
+        return self.norm(h)
+
+
+class LlamaForCausalLM(CausalLM):
+    def __init__(self, config: ModelConfig, kernel_ops: KernelOps) -> None:
+        super().__init__(config, kernel_ops)
+        qkv_bias, o_bias = self.attention_biases(config)
+        self.model = LlamaModel(config, kernel_ops, qkv_bias, o_bias)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_embeddings(self.model.embed_tokens)
+
+    @staticmethod
+    def attention_biases(config: ModelConfig) -> tuple[bool, bool]:
+        """(q/k/v bias, output-projection bias)."""
+        bias = bool(config.hf_config.get("attention_bias", False))
+        return bias, bias
+
+    def map_checkpoint_name(self, name: str) -> str | None:
+        # Older exports saved the rotary table; it is derived from the config here.
+        return None if name.endswith("rotary_emb.inv_freq") else name

@@ -1,0 +1,143 @@
+"""Checkpoint tensors → model parameters: safetensors files (sharded through
+``model.safetensors.index.json`` or not), and the placement of each tensor, packed
+projections included. A missing, unexpected, duplicated or misshapen weight is an error that
+names it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from pagedserve.server.models.base import CausalLM
+from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.layers import MergedLinear
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files to read: the index's shards if there is an index, else every
+    ``*.safetensors`` in the directory."""
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{index} has no valid 'weight_map': {exc!r}") from exc
+        files = sorted({model_dir / name for name in weight_map.values()})
+        for path in files:
+            if not path.is_file():
+                raise ModelLoadError(f"{index} names shard {path.name!r}, which is missing")
+        return files
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(
+            f"no *.safetensors weights in {model_dir} (only safetensors checkpoints load)"
+        )
+    return files
+
+
+def iterate_weights(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor of every file, one tensor in memory at a time."""
+    for path in files:
+        with safe_open(path, framework="pt", device="cpu") as handle:
+            for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                yield name, handle.get_tensor(name)
+
+
+@dataclass(slots=True)
+class WeightSlot:
+    """Rows ``start : start + rows`` of ``param`` (all of it when rows is None)."""
+
+    param: nn.Parameter
+    start: int = 0
+    rows: int | None = None
+
+    def shape(self) -> tuple[int, ...]:
+        full = tuple(self.param.shape)
+        return full if self.rows is None else (self.rows, *full[1:])
+
+    def load(self, tensor: torch.Tensor) -> None:
+        target = self.param.data
+        if self.rows is not None:
+            target = target[self.start : self.start + self.rows]
+        target.copy_(tensor)
+
+
+def _join(*parts: str) -> str:
+    return ".".join(p for p in parts if p)
+
+
+def weight_slots(model: nn.Module) -> tuple[dict[str, WeightSlot], set[str]]:
+    """Checkpoint name → slot, plus the names that alias an already-listed parameter (tied
+    embeddings), which a checkpoint may carry and which need no loading."""
+    slots: dict[str, WeightSlot] = {}
+    aliases: set[str] = set()
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                aliases.add(_join(module_name, param_name))
+                continue
+            seen.add(id(param))
+            if not isinstance(module, MergedLinear):
+                slots[_join(module_name, param_name)] = WeightSlot(param)
+                continue
+            parent, start = module_name.rpartition(".")[0], 0
+            for shard, rows in module.shards:
+                slots[_join(parent, shard, param_name)] = WeightSlot(param, start, rows)
+                start += rows
+    return slots, aliases
+
+
+def _names(names: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def load_weights(
+    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]], source: str
+) -> None:
+    """Copies every checkpoint tensor into its slot (casting to the parameter's dtype)."""
+    slots, aliases = weight_slots(model)
+    architecture = type(model).__name__
+    loaded: set[str] = set()
+    unexpected: list[str] = []
+    for name, tensor in weights:
+        target = model.map_checkpoint_name(name)
+        if target is None or target in aliases:
+            continue
+        slot = slots.get(target)
+        if slot is None:
+            unexpected.append(name)
+            continue
+        if target in loaded:
+            raise ModelLoadError(f"checkpoint {source} holds weight {name!r} twice")
+        if tuple(tensor.shape) != slot.shape():
+            raise ModelLoadError(
+                f"checkpoint {source} weight {name!r} has shape {list(tensor.shape)}, "
+                f"{architecture} expects {list(slot.shape())}"
+            )
+        slot.load(tensor)
+        loaded.add(target)
+    if unexpected:
+        raise ModelLoadError(
+            f"checkpoint {source} has {_count(len(unexpected), 'unexpected weight')} for "
+            f"{architecture}: {_names(sorted(unexpected))}"
+        )
+    missing = sorted(set(slots) - loaded)
+    if missing:
+        raise ModelLoadError(
+            f"checkpoint {source} is missing {_count(len(missing), 'weight')} of "
+            f"{architecture}: {_names(missing)}"
+        )

@@ -1,0 +1,68 @@
+"""Backend choice: auto by device, forced backends, the environment default, import failure."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from pagedserve.kernels import attention, cache_ops
+from pagedserve.kernels.dispatch import BACKEND_ENV, TORCH_OPS, KernelOps, get_kernel_ops
+
+
+def test_auto_on_cpu_is_the_torch_reference(monkeypatch):
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    ops = get_kernel_ops("cpu")
+    assert ops is TORCH_OPS
+    assert ops.name == "torch"
+    assert ops.paged_attention_decode is attention.paged_attention_decode
+    assert ops.paged_attention_prefill is attention.paged_attention_prefill
+    assert ops.reshape_and_cache is cache_ops.reshape_and_cache
+    assert ops.copy_blocks is cache_ops.copy_blocks
+    assert ops.swap_blocks is cache_ops.swap_blocks
+
+
+def test_torch_can_be_forced_on_cuda():
+    assert get_kernel_ops("cuda", "torch").name == "torch"
+
+
+def test_environment_is_only_the_default_of_backend_none(monkeypatch):
+    monkeypatch.setenv(BACKEND_ENV, "torch")
+    assert get_kernel_ops("cuda:0", None).name == "torch"
+    monkeypatch.setenv(BACKEND_ENV, "triton")
+    # An explicit backend, "auto" included, wins over the environment.
+    assert get_kernel_ops("cpu", "auto").name == "torch"
+    assert get_kernel_ops("cpu", "torch").name == "torch"
+
+
+def test_unknown_backend_names_the_choices(monkeypatch):
+    with pytest.raises(ValueError) as info:
+        get_kernel_ops("cpu", "cutlass")
+    assert str(info.value) == (
+        "unknown kernel backend 'cutlass' (from backend); choose one of auto, torch, triton"
+    )
+    monkeypatch.setenv(BACKEND_ENV, "flash")
+    with pytest.raises(ValueError) as info:
+        get_kernel_ops("cpu", None)
+    assert str(info.value) == (
+        "unknown kernel backend 'flash' (from PAGEDSERVE_KERNEL_BACKEND); choose one of "
+        "auto, torch, triton"
+    )
+
+
+def test_unimportable_triton_is_a_clear_error(monkeypatch):
+    # A None entry in sys.modules makes the import fail exactly as a missing package does.
+    monkeypatch.setitem(sys.modules, "pagedserve.kernels.triton", None)
+    with pytest.raises(ImportError) as info:
+        get_kernel_ops("cuda", "auto")
+    assert str(info.value).startswith("kernel backend 'triton' is unavailable (")
+    assert str(info.value).endswith(
+        "); install triton (pip install 'pagedserve[gpu]') or choose backend 'torch'"
+    )
+    assert get_kernel_ops("cuda", "torch").name == "torch"
+
+
+def test_kernel_ops_is_frozen():
+    with pytest.raises(AttributeError):
+        TORCH_OPS.name = "other"  # type: ignore[misc]
+    assert isinstance(TORCH_OPS, KernelOps)
