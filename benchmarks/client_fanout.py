@@ -1,0 +1,281 @@
+"""Client fan-out: five ways to send the same prompts to one live pagedserve server.
+
+    python benchmarks/client_fanout.py [--quick] [--model tiny] [--base-url URL]
+
+Starts ``pagedserve serve --model MODEL`` on a free port (unless ``--base-url`` names a running
+server), waits for ``GET /health``, then runs, in one process and against the same server:
+
+  sequential   one request at a time
+  gather       every request at once (unbounded ``asyncio.gather``)
+  openai_sem32 the openai SDK's ``AsyncOpenAI`` behind a semaphore of 32
+  batch_fixed  ``BatchRunner`` with a fixed in-flight budget (the server's KV token capacity)
+  batch_auto   ``BatchRunner`` with the adaptive budget that follows the load hints
+
+For each it reports wall time, generated tokens per second, errors and the server's
+preemptions during the mode (from ``GET /load``). The last line is JSON with
+``speedup_vs_sequential`` for the two batch modes and ``errors`` per mode. Ratios are what
+this measures; absolute numbers mean something only on the hardware they came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from pagedserve.client import (
+    AsyncClient,
+    BatchRequest,
+    BatchRunner,
+    PoolConfig,
+    TiktokenCounter,
+    Timeout,
+    build_pool,
+)
+
+WORDS = [
+    "paged", "attention", "keeps", "the", "key", "value", "cache", "in", "fixed", "blocks",
+    "mapped", "through", "a", "block", "table", "so", "memory", "is", "allocated", "on",
+    "demand", "shared", "across", "samples", "and", "freed", "when", "request", "ends",
+]
+
+
+@dataclass
+class ModeResult:
+    wall_s: float
+    requests: int
+    errors: int
+    prompt_tokens: int
+    completion_tokens: int
+    preemptions: int | None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def make_prompts(count: int) -> list[str]:
+    """Deterministic prompts of varied length (8 to 71 words)."""
+    return [
+        f"Request {i}: " + " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(8 + i % 64))
+        for i in range(count)
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, limit_s: float):
+    deadline = time.monotonic() + limit_s
+    async with aiohttp.ClientSession() as session:
+        while time.monotonic() < deadline:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"server exited with status {process.returncode}")
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(2)) as r:
+                    if r.status == 200:
+                        return
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"server at {url} not healthy after {limit_s:.0f} s")
+
+
+@contextlib.contextmanager
+def running_server(model: str, port: int, extra: list[str], log: Path):
+    command = [sys.executable, "-m", "pagedserve.server.cli.main", "serve",
+               "--model", model, "--port", str(port), *extra]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)  # graceful drain first
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def preemptions(url: str) -> int | None:
+    async with AsyncClient(url, max_retries=1) as client:
+        load = await client.load()
+    return None if load is None else load.num_preemptions
+
+
+class Bench:
+    def __init__(self, url: str, model: str, prompts: list[str], max_tokens: int, extra: dict):
+        self.url, self.model, self.prompts = url, model, prompts
+        self.max_tokens, self.extra = max_tokens, extra
+
+    def body(self, prompt: str) -> dict[str, Any]:
+        return {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens,
+                "temperature": 0.0, **self.extra}
+
+    async def measure(self, run: Callable[[], Awaitable[tuple[int, int, int]]]) -> ModeResult:
+        before = await preemptions(self.url)
+        start = time.perf_counter()
+        errors, prompt_tokens, completion_tokens = await run()
+        wall = time.perf_counter() - start
+        after = await preemptions(self.url)
+        delta = None if before is None or after is None else after - before
+        return ModeResult(wall, len(self.prompts), errors, prompt_tokens, completion_tokens, delta)
+
+    async def _own_client(self, concurrent: bool) -> tuple[int, int, int]:
+        limit = len(self.prompts) if concurrent else 1
+        async with AsyncClient(self.url, max_connections=limit, timeout=Timeout(total=3600)) as c:
+            async def one(prompt: str):
+                return await c.completions.create(**self.body(prompt))
+
+            if concurrent:
+                outcomes = await asyncio.gather(*map(one, self.prompts), return_exceptions=True)
+            else:
+                outcomes = []
+                for prompt in self.prompts:
+                    try:
+                        outcomes.append(await one(prompt))
+                    except Exception as exc:  # counted, not fatal: the benchmark reports it
+                        outcomes.append(exc)
+        return _tally([(o.usage if not isinstance(o, BaseException) else o) for o in outcomes])
+
+    async def sequential(self) -> tuple[int, int, int]:
+        return await self._own_client(concurrent=False)
+
+    async def gather(self) -> tuple[int, int, int]:
+        return await self._own_client(concurrent=True)
+
+    async def openai_semaphore(self, width: int = 32) -> tuple[int, int, int]:
+        from openai import AsyncOpenAI  # imported (and timed) once, during the warm-up
+
+        client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=3600)
+        gate = asyncio.Semaphore(width)
+
+        async def one(prompt: str):
+            body = self.body(prompt)
+            extra_body = {k: body.pop(k) for k in list(body) if k in self.extra}
+            async with gate:
+                return (await client.completions.create(**body, extra_body=extra_body)).usage
+
+        try:
+            outcomes = await asyncio.gather(*map(one, self.prompts), return_exceptions=True)
+        finally:
+            await client.close()
+        return _tally(list(outcomes))
+
+    async def batch(self, budget: int | str) -> tuple[int, int, int]:
+        config = PoolConfig(base_urls=[self.url], max_inflight_tokens=budget,
+                            timeout=Timeout(total=3600))
+        requests = [BatchRequest(str(i), "completions", self.body(p))
+                    for i, p in enumerate(self.prompts)]
+        async with await build_pool(config) as pool:
+            results = await BatchRunner(pool).run(requests)
+        return _tally([r.usage if r.ok else RuntimeError(r.error) for r in results])
+
+
+def _tally(outcomes: list[Any]) -> tuple[int, int, int]:
+    errors = sum(isinstance(o, BaseException) for o in outcomes)
+    good = [o for o in outcomes if not isinstance(o, BaseException) and o is not None]
+    return errors, sum(o.prompt_tokens for o in good), sum(o.completion_tokens for o in good)
+
+
+async def run_modes(args: argparse.Namespace, url: str) -> dict[str, ModeResult]:
+    prompts = make_prompts(args.prompts)
+    extra = {} if args.no_ignore_eos else {"ignore_eos": True}  # every answer max_tokens long
+    bench = Bench(url, args.model_name or args.model, prompts, args.max_tokens, extra)
+    async with AsyncClient(url) as client:
+        load = await client.load()
+        await client.completions.create(**bench.body("warm up"))
+    # One-time costs that belong to no mode: the openai SDK's import, tiktoken's vocabulary.
+    import openai  # noqa: F401
+
+    TiktokenCounter()
+    budget = args.budget or (load.total_kv_tokens if load and load.total_kv_tokens else 32_768)
+    modes: dict[str, Callable[[], Awaitable[tuple[int, int, int]]]] = {
+        "sequential": bench.sequential,
+        "gather": bench.gather,
+        "openai_sem32": bench.openai_semaphore,
+        "batch_fixed": lambda: bench.batch(budget),
+        "batch_auto": lambda: bench.batch("auto"),
+    }
+    results = {}
+    for name, run in modes.items():
+        results[name] = await bench.measure(run)
+        r = results[name]
+        print(f"{name:>13}: {r.wall_s:8.2f} s  {r.tokens_per_s:9.1f} tok/s  "
+              f"errors {r.errors:4d}  preemptions {r.preemptions}", flush=True)
+    return results
+
+
+def summary_line(args: argparse.Namespace, results: dict[str, ModeResult]) -> dict[str, Any]:
+    base = results["sequential"].wall_s
+    return {
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "modes": {k: {**asdict(v), "tokens_per_s": v.tokens_per_s} for k, v in results.items()},
+        "speedup_vs_sequential": {k: base / results[k].wall_s
+                                  for k in ("batch_fixed", "batch_auto")},
+        "errors": {k: v.errors for k, v in results.items()},
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny", help="model for `pagedserve serve`")
+    parser.add_argument("--model-name", default=None, help="model id in requests")
+    parser.add_argument("--base-url", default=None, help="use this running server instead")
+    parser.add_argument("--prompts", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="40 prompts, 16 tokens each")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--budget", type=int, default=None,
+                        help="fixed budget in tokens (default: the server's KV capacity)")
+    parser.add_argument("--no-ignore-eos", action="store_true")
+    parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra argument for `pagedserve serve` (repeatable)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.prompts, args.max_tokens = 40, 16
+    return args
+
+
+async def _main(args: argparse.Namespace, url: str, process) -> dict[str, Any]:
+    await wait_healthy(url, process, args.startup_timeout)
+    return summary_line(args, await run_modes(args, url))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.base_url:
+        print(json.dumps(asyncio.run(_main(args, args.base_url.rstrip("/"), None))))
+        return 0
+    port = free_port()
+    log = Path(tempfile.gettempdir()) / f"client_fanout_server_{os.getpid()}.log"
+    with running_server(args.model, port, args.server_arg, log) as process:
+        try:
+            line = asyncio.run(_main(args, f"http://127.0.0.1:{port}", process))
+        except Exception:
+            print(f"server log: {log}\n{log.read_text(errors='replace')[-4000:]}",
+                  file=sys.stderr)
+            raise
+    print(json.dumps(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

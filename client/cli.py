@@ -1,0 +1,155 @@
+"""``pagedserve batch INPUT.jsonl OUTPUT.jsonl --base-url URL ...``
+
+Runs every request of INPUT against one or more OpenAI-compatible servers under a budget of
+in-flight tokens and appends one result line per request to OUTPUT. Rerunning the same
+command after an interruption finishes the job without repeating finished requests.
+Exit status: 0 when every item succeeded, 1 when some failed (see OUTPUT), 2 for bad input
+or arguments, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Any, Literal
+
+from pagedserve.client.adaptive import AdaptiveConfig
+from pagedserve.client.batch import BatchSummary
+from pagedserve.client.client import Timeout
+from pagedserve.client.errors import APIError
+from pagedserve.client.jobs import RunOptions, run_batch_file
+from pagedserve.client.pool_config import FALLBACK_INFLIGHT_TOKENS, PoolConfig
+from pagedserve.client.runner import DEFAULT_MAX_ATTEMPTS, DEFAULT_NUM_WORKERS
+
+
+def _inflight_tokens(value: str) -> int | Literal["auto"]:
+    if value == "auto":
+        return "auto"
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}")
+    return number
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
+    return number
+
+
+def split_base_urls(values: list[str]) -> list[str]:
+    """``--base-url`` values, each possibly a comma-separated list, flattened in order."""
+    return [url.strip() for value in values for url in value.split(",") if url.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.split("\n\n")[1] if __doc__ else None
+    parser.add_argument("input", help="JSONL requests (OpenAI batch lines or {id, ...body})")
+    parser.add_argument("output", help="JSONL results; appended to, and resumed from")
+    parser.add_argument(
+        "--base-url",
+        action="append",
+        required=True,
+        help="server root or .../v1; repeat it or give a comma list for replicas",
+    )
+    parser.add_argument("--endpoint", choices=["chat", "completions"], default=None,
+                        help="endpoint for lines without a url (default: inferred per line)")
+    parser.add_argument("--model", default=None,
+                        help="model for bodies without one (default: the server's first)")
+    parser.add_argument("--max-inflight-tokens", type=_inflight_tokens, default="auto",
+                        help="tokens in flight per endpoint, or 'auto' to follow the server's "
+                        f"load hints (fixed {FALLBACK_INFLIGHT_TOKENS} without them)")
+    parser.add_argument("--max-concurrency", type=_positive_int, default=None,
+                        help="requests in flight per endpoint")
+    parser.add_argument("--rpm", type=_positive_float, default=None,
+                        help="requests per minute per endpoint")
+    parser.add_argument("--tpm", type=_positive_float, default=None,
+                        help="tokens per minute per endpoint")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                        help="bearer token (default: $OPENAI_API_KEY)")
+    parser.add_argument("--token-counter", choices=["tiktoken", "server"], default="tiktoken",
+                        help="count prompts with tiktoken cl100k_base or the server's /tokenize")
+    parser.add_argument("--workers", type=_positive_int, default=DEFAULT_NUM_WORKERS,
+                        help="worker tasks; the budget, not this, limits the load")
+    parser.add_argument("--max-attempts", type=_positive_int, default=DEFAULT_MAX_ATTEMPTS,
+                        help="requests sent per item before its failure is final")
+    parser.add_argument("--timeout", type=_positive_float, default=600.0,
+                        help="seconds allowed for one request")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--fsync", action="store_true",
+                        help="fsync after every result line (survives power loss, slower)")
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[PoolConfig, RunOptions]:
+    pool = PoolConfig(
+        base_urls=split_base_urls(args.base_url),
+        api_key=args.api_key,
+        max_inflight_tokens=args.max_inflight_tokens,
+        max_concurrency=args.max_concurrency,
+        requests_per_minute=args.rpm,
+        tokens_per_minute=args.tpm,
+        timeout=Timeout(total=args.timeout),
+        adaptive=AdaptiveConfig(),
+    )
+    options = RunOptions(
+        counter=args.token_counter,
+        num_workers=args.workers,
+        max_attempts=args.max_attempts,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        fsync=args.fsync,
+    )
+    return pool, options
+
+
+def _run_loop(coroutine: Coroutine[Any, Any, BatchSummary]) -> BatchSummary:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        pool, options = configs_from_args(args)
+        summary = _run_loop(
+            run_batch_file(
+                args.input,
+                args.output,
+                pool,
+                options,
+                default_kind=args.endpoint,
+                model=args.model,
+            )
+        )
+    except (ValueError, OSError) as exc:  # BatchInputError, bad limits, unreadable files
+        print(f"pagedserve batch: {exc}", file=sys.stderr)
+        return 2
+    except APIError as exc:
+        print(f"pagedserve batch: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("pagedserve batch: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(summary.describe(), file=sys.stderr)
+    return 0 if summary.failed == 0 else 1
