@@ -17,6 +17,7 @@ class EngineArgs:
     seed: int = 0
     device: str = "cpu"
     kernel_backend: str | None = None
+    skip_tokenizer_init: bool = False
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
@@ -67,6 +68,8 @@ class EngineArgs:
         g.add_argument("--seed", type=int, default=0)
         g.add_argument("--device", default="cpu")
         g.add_argument("--kernel-backend", default=None, choices=["auto", "torch", "triton"])
+        g.add_argument("--skip-tokenizer-init", action="store_true",
+                       help="load no tokenizer: prompts must be token ids, no text output")
         g.add_argument("--block-size", type=int, default=16)
         size = g.add_mutually_exclusive_group()
         size.add_argument("--num-kv-blocks", type=int, default=None)

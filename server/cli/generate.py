@@ -1,0 +1,50 @@
+"""``pagedserve generate PROMPT...``: offline generation with the engine."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pagedserve.server.engine.engine_args import EngineArgs
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Generate completions offline (no server) and print them."
+    parser.add_argument("prompts", nargs="*", default=None,
+                        help="prompts (default: read one per line from stdin)")
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument("--max-tokens", type=int, default=32)
+    sampling.add_argument("--temperature", type=float, default=0.0)
+    sampling.add_argument("--top-p", type=float, default=1.0)
+    sampling.add_argument("--top-k", type=int, default=-1)
+    sampling.add_argument("--n", type=int, default=1)
+    sampling.add_argument("--sampling-seed", type=int, default=None)
+    sampling.add_argument("--ignore-eos", action="store_true")
+    EngineArgs.add_cli_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pagedserve.server.engine.errors import PagedServeError
+    from pagedserve.server.engine.sampling_params import SamplingParams
+    from pagedserve.server.llm import LLM
+
+    prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        print("pagedserve generate: no prompt given", file=sys.stderr)
+        return 2
+    try:
+        params = SamplingParams(
+            n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+            max_tokens=args.max_tokens, seed=args.sampling_seed, ignore_eos=args.ignore_eos,
+        )
+        llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
+        results = llm.generate(prompts, params)
+    except (PagedServeError, ValueError) as exc:
+        print(f"pagedserve generate: {exc}", file=sys.stderr)
+        return 2
+    for result in results:
+        for output in result.outputs:
+            print(f"{result.prompt!r} -> {output.text!r} "
+                  f"[{len(output.token_ids)} tokens, finish_reason={output.finish_reason}]")
+    return 0
+

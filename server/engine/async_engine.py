@@ -1,0 +1,201 @@
+"""The engine behind the server: the step loop runs in its own thread, each request gets an
+async stream of outputs.
+
+Requests and aborts cross into the loop thread through a queue, so an HTTP handler never
+waits for a model step; outputs cross back with ``call_soon_threadsafe``. torch releases the
+GIL inside its ops, so the event loop keeps serving while the model computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+
+from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.errors import EngineDeadError, QueueFullError
+from pagedserve.server.engine.llm_engine import LLMEngine
+from pagedserve.server.engine.metrics import EngineStats, StepStats
+from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.5
+
+
+class RequestStream:
+    """Async iterator of one request's outputs; closing it early aborts the request."""
+
+    def __init__(self, request_id: str, engine: AsyncEngine) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if not self.finished:
+                self._engine.abort(self.request_id)
+
+    async def aclose(self) -> None:
+        if not self.finished:
+            self._engine.abort(self.request_id)
+            self.finished = True
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.engine_args = engine.args
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.max_model_len
+        self.model_name = engine.args.model
+        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        self._wakeup = threading.Event()
+        self._streams: dict[str, RequestStream] = {}
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._stats = engine.stats()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> AsyncEngine:
+        return cls(LLMEngine(args))
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        self._fail_all(EngineDeadError("the engine has shut down"))
+
+    @property
+    def is_healthy(self) -> bool:
+        return (self._thread is not None and self._thread.is_alive() and self._failure is None
+                and not self._stopping)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams, prompt: str | None = None,
+                    cache_salt: str | None = None) -> RequestStream:
+        """Validates at once (InvalidRequestError, QueueFullError, EngineDeadError) and
+        returns the request's stream; the loop thread admits it before its next step."""
+        if not self.is_healthy:
+            raise EngineDeadError("the engine is not running")
+        if params.max_tokens is None:
+            params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
+        self.engine.check_request(prompt_token_ids, params)
+        limit = self.engine.scheduler_config.max_waiting_requests
+        if limit is not None and self.engine.scheduler.num_waiting + self._inbox.qsize() >= limit:
+            raise QueueFullError(f"the waiting queue is full ({limit} requests)")
+        stream = RequestStream(request_id, self)
+        self._streams[request_id] = stream
+        self._inbox.put(("add", request_id, list(prompt_token_ids), params, prompt, cache_salt,
+                         time.monotonic()))
+        self._wakeup.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Thread-safe and idempotent; the loop frees the request's blocks before its next
+        step."""
+        if self._streams.pop(request_id, None) is not None:
+            self._inbox.put(("abort", request_id))
+            self._wakeup.set()
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (cheap: no lock, no scan)."""
+        return self._stats
+
+    def add_step_observer(self, observer: Callable[[StepStats], None]) -> None:
+        """``observer(StepStats)`` runs in the engine thread after every step."""
+        self.engine.add_step_observer(observer)
+
+    # -- the loop thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain_inbox()
+                if not self.engine.has_unfinished_requests():
+                    self._wakeup.wait(_IDLE_WAIT_S)
+                    self._wakeup.clear()
+                    continue
+                self._step()
+        except BaseException as exc:  # the loop must report, not vanish
+            logger.exception("engine loop failed")
+            self._failure = exc
+            self._fail_all(EngineDeadError(f"the engine loop failed: {exc!r}"))
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if message[0] == "add":
+                self._admit(*message[1:])
+            else:
+                final = self.engine.abort_request(message[1])
+                if final is not None:
+                    self._deliver([final])
+                self._stats = self.engine.stats()
+
+    def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,
+               prompt: str | None, cache_salt: str | None, arrival: float) -> None:
+        if request_id not in self._streams:
+            return  # aborted before admission
+        try:
+            self.engine.add_request(request_id, token_ids, params, prompt=prompt,
+                                    arrival_time=arrival, cache_salt=cache_salt)
+        except Exception as exc:  # rejected by the scheduler: the caller gets the error
+            self._send(request_id, exc)
+
+    def _step(self) -> None:
+        outputs = self.engine.step()
+        self._stats = self.engine.stats()
+        self._deliver(outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue
+            if output.finished:
+                self._streams.pop(output.request_id, None)
+            self._loop.call_soon_threadsafe(stream.put, output)
+
+    def _send(self, request_id: str, exc: BaseException) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            self._loop.call_soon_threadsafe(stream.put, exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id in list(self._streams):
+            self._send(request_id, exc)

@@ -1,0 +1,193 @@
+"""The synchronous engine: add_request, abort_request, step.
+
+One step: schedule → run the model → sample → append tokens, detokenize, stop. The loop
+around it (offline ``LLM`` or the server's ``AsyncEngine``) decides when to call ``step``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.engine.kv_cache import KVCache
+from pagedserve.server.engine.metrics import EngineStats, StepStats
+from pagedserve.server.engine.model_runner import ModelRunner
+from pagedserve.server.engine.output_processor import OutputProcessor
+from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.engine.scheduler import Scheduler
+from pagedserve.server.engine.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.tiny import resolve_model
+from pagedserve.server.sampling.sampler import Sampler
+from pagedserve.server.tokenizer.loader import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        torch.manual_seed(args.seed)
+        self.model_dir = resolve_model(args.model)
+        self.device = torch.device(args.device)
+        self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
+        self.model, self.model_config = load_model(
+            self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend
+        )
+        self.max_model_len = self._max_model_len(args.max_model_len)
+        self.cache_config = args.cache_config()
+        self.scheduler_config = args.scheduler_config(self.max_model_len)
+        self.kv_cache = KVCache.create(
+            self.model_config, self.cache_config, self.max_model_len, self.model.dtype,
+            self.device, self.model.kernel_ops,
+        )
+        self.scheduler = Scheduler(
+            self.scheduler_config, self.cache_config,
+            num_device_blocks=self.kv_cache.num_device_blocks,
+            num_cpu_blocks=self.kv_cache.num_cpu_blocks,
+        )
+        self.runner = ModelRunner(self.model, self.kv_cache, self.cache_config.block_size,
+                                  self.device)
+        self.sampler = Sampler()
+        self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
+                                       self.model_config.vocab_size, self._eos_token_id())
+        self._seq_ids = itertools.count()
+        self._observers: list[Callable[[StepStats], None]] = []
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
+        return cls(args)
+
+    def _max_model_len(self, requested: int | None) -> int:
+        limit = self.model_config.max_model_len
+        if requested is None:
+            return limit
+        if requested > limit:
+            raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit} "
+                             f"positions")
+        return requested
+
+    def _eos_token_id(self) -> int | None:
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        ids = self.model_config.eos_token_ids
+        return ids[0] if ids else None
+
+    # -- requests -------------------------------------------------------------------------
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises InvalidRequestError for a request this engine can never serve."""
+        n_prompt = len(prompt_token_ids)
+        if n_prompt == 0:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token id {bad[0]} is out of range for a vocabulary of {vocab}",
+                param="prompt",
+            )
+        max_tokens = params.max_tokens or 0
+        if n_prompt + max_tokens > self.max_model_len:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, you requested {n_prompt + max_tokens} tokens ({n_prompt} in the "
+                f"prompt, {max_tokens} for the completion). Please reduce the prompt or "
+                f"max_tokens.",
+                param="max_tokens" if max_tokens else "prompt",
+            )
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams, prompt: str | None = None,
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+        prompt_token_ids = list(prompt_token_ids)
+        if params.max_tokens is None:
+            params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
+        self.check_request(prompt_token_ids, params)
+        seq = Sequence(next(self._seq_ids), prompt_token_ids, self.cache_config.block_size)
+        group = SequenceGroup(request_id, [seq], params,
+                              arrival_time=arrival_time or time.monotonic(),
+                              cache_salt=cache_salt)
+        self.scheduler.add_seq_group(group)
+        self.outputs.register(group, prompt)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Frees the request's blocks at once; returns its final output (None if unknown)."""
+        group = self.scheduler.abort(request_id)
+        if group is None:
+            return None
+        return self.outputs.finish_aborted(group)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def new_seq_id(self) -> int:
+        return next(self._seq_ids)
+
+    def stats(self) -> EngineStats:
+        return EngineStats.of(
+            self.scheduler.stats(),
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            max_num_seqs=self.scheduler_config.max_num_seqs,
+            max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
+        )
+
+    # -- the step -------------------------------------------------------------------------
+
+    def add_step_observer(self, observer: Callable[[StepStats], None]) -> None:
+        """``observer(StepStats)`` runs after every step that did work."""
+        self._observers.append(observer)
+
+    def step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return self.outputs.collect()
+        hidden, starts = self.runner.execute(out)
+        self.scheduler.update_after_step(out)
+        plan = self.outputs.plan_sampling(out, starts)
+        if plan.rows:
+            logits = self.runner.compute_logits(hidden, plan.rows)
+            self.outputs.apply_samples(plan, logits, self.sampler, self.new_seq_id)
+        results = self.outputs.collect()
+        prompt_tokens = _prompt_tokens_computed(out)
+        self.prompt_tokens_total += prompt_tokens
+        self.generation_tokens_total += len(plan.rows)
+        if self._observers:
+            self._notify(out, prompt_tokens, len(plan.rows), time.perf_counter() - start,
+                         results)
+        return results
+
+    def _notify(self, out: SchedulerOutput, prompt_tokens: int, num_sampled: int,
+                duration: float, results: list[RequestOutput]) -> None:
+        stats = StepStats(
+            num_prefill_tokens=prompt_tokens,
+            num_decode_tokens=num_sampled,
+            duration_s=duration,
+            num_preempted=len(out.preempted),
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            finished=[r for r in results if r.finished],
+        )
+        for observer in self._observers:
+            observer(stats)
+
+
+def _prompt_tokens_computed(out: SchedulerOutput) -> int:
+    """Prompt tokens the step computed (recomputed ones after a preemption included)."""
+    total = 0
+    for item in out.scheduled:
+        start = item.seq.num_computed_tokens - item.num_new_tokens  # already advanced
+        total += max(0, min(start + item.num_new_tokens, len(item.seq.prompt_token_ids)) - start)
+    return total

@@ -1,0 +1,101 @@
+"""What one scheduling step hands to the model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+
+BlockMapping = list[tuple[int, int]]
+
+
+@dataclass(slots=True)
+class ScheduledSequence:
+    """One sequence in the step: compute its tokens ``[num_computed_tokens, seq_len)``.
+
+    ``num_computed_tokens`` and ``num_tokens`` are taken when the step is scheduled, so the
+    properties stay valid after the scheduler advances the sequence and the engine appends
+    the sampled token.
+    """
+
+    seq: Sequence
+    seq_group: SequenceGroup
+    num_new_tokens: int
+    num_computed_tokens: int
+    num_tokens: int
+
+    @classmethod
+    def of(cls, seq: Sequence, seq_group: SequenceGroup, num_new_tokens: int
+           ) -> ScheduledSequence:
+        return cls(seq, seq_group, num_new_tokens, seq.num_computed_tokens, seq.num_tokens)
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step computes the sequence's last token, so a token is sampled."""
+        return self.num_computed_tokens + self.num_new_tokens == self.num_tokens
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens in the KV cache once the step is done (the kernels' ``seq_lens``)."""
+        return self.num_computed_tokens + self.num_new_tokens
+
+    @property
+    def positions(self) -> range:
+        return range(self.num_computed_tokens, self.seq_len)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.seq.token_ids[self.num_computed_tokens:self.seq_len]
+
+    def slot_mapping(self) -> list[int]:
+        """Cache slot (``block_id * block_size + offset``) of each token computed this step."""
+        table = self.seq.block_table
+        size = self.seq.block_size
+        return [table[pos // size] * size + pos % size for pos in self.positions]
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's batch and the block operations the runner does before the model runs.
+
+    The runner must apply the block operations in this order: ``blocks_to_swap_out``
+    (device → CPU), then ``blocks_to_swap_in`` (CPU → device), then ``blocks_to_copy``
+    (device → device, copy-on-write and forks); a device block freed by a swap-out may be
+    the destination of a later operation in the same step. ``ignored_seq_groups`` finished
+    without running (they outgrew the device pool) and need an output from the engine.
+    ``finished_request_ids`` lists every request that left the scheduler since the previous
+    step (finished, aborted or ignored), each exactly once, so the runner can drop its state.
+    """
+
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    blocks_to_swap_in: BlockMapping = field(default_factory=list)
+    blocks_to_swap_out: BlockMapping = field(default_factory=list)
+    blocks_to_copy: BlockMapping = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    ignored_seq_groups: list[SequenceGroup] = field(default_factory=list)
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(item.num_new_tokens for item in self.scheduled)
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.scheduled)
+
+    @property
+    def scheduled_seq_groups(self) -> list[SequenceGroup]:
+        """The groups with a sequence in the step, in batch order, each once."""
+        groups: dict[str, SequenceGroup] = {}
+        for item in self.scheduled:
+            groups.setdefault(item.seq_group.request_id, item.seq_group)
+        return list(groups.values())
+
+    @property
+    def has_block_ops(self) -> bool:
+        return bool(self.blocks_to_swap_in or self.blocks_to_swap_out or self.blocks_to_copy)
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing for the runner: no sequence to compute and no block to move or copy."""
+        return not self.scheduled and not self.has_block_ops

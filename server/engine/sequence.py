@@ -1,0 +1,225 @@
+"""Sequences (one stream of tokens with its block table) and sequence groups (one request)."""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pagedserve.server.engine.prefix_cache import BlockHash
+from pagedserve.server.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+    # Could never fit the device pool (it outgrew it while preempted); reported as "length".
+    FINISHED_IGNORED = "finished_ignored"
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> str | None:
+        """The OpenAI ``finish_reason`` of a finished status, None while unfinished."""
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+    SequenceStatus.FINISHED_IGNORED: "length",
+}
+
+
+class Sequence:
+    """One stream of tokens: the prompt, the tokens generated so far, and where their KV lives.
+
+    ``block_table[i]`` is the physical block holding tokens ``i*block_size`` to
+    ``(i+1)*block_size - 1``; which pool (device or CPU swap) depends on ``status``.
+    ``num_computed_tokens`` tokens have their KV in the cache; the scheduler brings it up to
+    ``num_tokens`` over one or more steps. ``block_hashes`` holds the prefix-cache hash of each
+    full block of ``token_ids`` (filled only when prefix caching is on).
+    """
+
+    __slots__ = (
+        "block_hashes", "block_size", "block_table", "cumulative_logprob", "detokenizer",
+        "finish_reason", "num_cached_tokens", "num_computed_tokens", "num_registered_blocks",
+        "output_logprobs", "output_text", "output_token_ids", "prompt_token_ids", "seq_id",
+        "status", "stop_reason", "token_ids",
+    )
+
+    def __init__(self, seq_id: int, prompt_token_ids: Iterable[int], block_size: int) -> None:
+        self.seq_id = seq_id
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.token_ids: list[int] = list(self.prompt_token_ids)
+        self.block_size = block_size
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table: list[int] = []
+        self.block_hashes: list[BlockHash] = []
+        # How many leading blocks of block_table were offered to the prefix cache.
+        self.num_registered_blocks = 0
+        self.cumulative_logprob = 0.0
+        # One dict per output token: token id -> logprob, the sampled token always included.
+        self.output_logprobs: list[dict[int, float]] = []
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.output_text = ""
+        # Engine-owned incremental detokenizer state; fork() deep-copies it, so keep the
+        # tokenizer itself out of it.
+        self.detokenizer: object | None = None
+
+    def __repr__(self) -> str:
+        return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
+                f"num_tokens={self.num_tokens}, num_computed_tokens={self.num_computed_tokens}, "
+                f"block_table={self.block_table})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_token(
+        self, token_id: int, logprob: float, top_logprobs: dict[int, float] | None = None
+    ) -> None:
+        """Append a sampled token; ``top_logprobs`` are the alternatives the request asked for."""
+        self.output_token_ids.append(token_id)
+        self.token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+        entry = dict(top_logprobs) if top_logprobs else {}
+        entry[token_id] = logprob
+        self.output_logprobs.append(entry)
+
+    def fork(self, new_seq_id: int) -> Sequence:
+        """A copy under a new id with the same block table; the caller fixes ref counts."""
+        child = copy.copy(self)
+        child.seq_id = new_seq_id
+        child.prompt_token_ids = self.prompt_token_ids  # never mutated: safe to share
+        child.output_token_ids = list(self.output_token_ids)
+        child.token_ids = list(self.token_ids)
+        child.block_table = list(self.block_table)
+        child.block_hashes = list(self.block_hashes)
+        child.output_logprobs = [dict(entry) for entry in self.output_logprobs]
+        child.detokenizer = copy.deepcopy(self.detokenizer)
+        return child
+
+    def reset_for_recompute(self) -> None:
+        """Forget all KV (its blocks were freed); the tokens are prefilled again from 0."""
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.block_table = []
+        self.num_registered_blocks = 0
+        self.status = SequenceStatus.WAITING
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Timestamps of one request; the scheduler sets the first two, the engine the rest."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+
+class SequenceGroup:
+    """One request: its sampling parameters and its samples or beams, sharing one prompt.
+
+    A request starts with one sequence; parallel sampling and beam search fork more after the
+    prompt is computed, so their prompt blocks are shared. ``cache_salt`` separates prefix-cache
+    entries of tenants that must not see each other's hits.
+    """
+
+    __slots__ = ("cache_salt", "metrics", "request_id", "sampling_params", "seqs")
+
+    def __init__(
+        self,
+        request_id: str,
+        seqs: Iterable[Sequence],
+        sampling_params: SamplingParams,
+        arrival_time: float,
+        cache_salt: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.seqs: list[Sequence] = list(seqs)
+        if not self.seqs:
+            raise ValueError(f"request {request_id!r} needs at least one sequence")
+        self.sampling_params = sampling_params
+        self.cache_salt = cache_salt
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup(request_id={self.request_id!r}, seqs={self.seqs})"
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.seqs[0].prompt_token_ids
+
+    @property
+    def arrival_time(self) -> float:
+        return self.metrics.arrival_time
+
+    def get_seqs(self, status: SequenceStatus | None = None) -> list[Sequence]:
+        if status is None:
+            return list(self.seqs)
+        return [seq for seq in self.seqs if seq.status is status]
+
+    def get_unfinished_seqs(self) -> list[Sequence]:
+        return [seq for seq in self.seqs if not seq.status.is_finished]
+
+    def num_seqs(self, status: SequenceStatus | None = None) -> int:
+        return len(self.get_seqs(status))
+
+    def num_unfinished_seqs(self) -> int:
+        return len(self.get_unfinished_seqs())
+
+    def is_finished(self) -> bool:
+        return all(seq.status.is_finished for seq in self.seqs)
+
+    def find(self, seq_id: int) -> Sequence:
+        for seq in self.seqs:
+            if seq.seq_id == seq_id:
+                return seq
+        raise KeyError(f"request {self.request_id!r} has no sequence {seq_id}")
+
+    def add(self, seq: Sequence) -> None:
+        if any(other.seq_id == seq.seq_id for other in self.seqs):
+            raise ValueError(f"request {self.request_id!r} already has sequence {seq.seq_id}")
+        self.seqs.append(seq)
+
+    def remove(self, seq_id: int) -> None:
+        self.seqs.remove(self.find(seq_id))
+
+    def max_num_running_seqs(self) -> int:
+        """Sequences this request may run at once: forks still to come count already."""
+        params = self.sampling_params
+        width = params.best_of if params.use_beam_search or params.best_of > len(self.seqs) else 1
+        return max(width, self.num_unfinished_seqs())

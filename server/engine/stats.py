@@ -1,0 +1,142 @@
+"""Usage accounting of the KV cache and the scheduler, as /metrics and /load report it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pagedserve.server.engine.block_pool import BlockPool
+    from pagedserve.server.engine.sequence import Sequence
+
+
+@dataclass(slots=True, frozen=True)
+class PoolUsage:
+    """Block counts of one pool; cached free blocks count as free (allocating evicts them)."""
+
+    num_blocks: int
+    num_used_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_cached_free_blocks: int
+
+    @classmethod
+    def of(cls, pool: BlockPool) -> PoolUsage:
+        return cls(
+            num_blocks=pool.num_blocks,
+            num_used_blocks=pool.num_used_blocks,
+            num_free_blocks=pool.num_free_blocks,
+            num_cached_blocks=pool.num_cached_blocks,
+            num_cached_free_blocks=pool.num_cached_free_blocks,
+        )
+
+    @property
+    def usage(self) -> float:
+        """Fraction of the pool's blocks in use (0 for an empty pool)."""
+        return self.num_used_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+@dataclass(slots=True, frozen=True)
+class KVCacheUsage:
+    block_size: int
+    device: PoolUsage
+    cpu: PoolUsage
+    num_evictions: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.device.usage
+
+    @property
+    def free_token_capacity(self) -> int:
+        """Token slots in free device blocks: what new work can take without preemption."""
+        return self.device.num_free_blocks * self.block_size
+
+
+@dataclass(slots=True, frozen=True)
+class TokenOccupancy:
+    """Slots of the distinct blocks in some block tables, and how many hold a real token."""
+
+    num_token_slots: int
+    num_real_tokens: int
+
+    @property
+    def utilization(self) -> float:
+        """Fraction of allocated slots holding real tokens (1.0 when nothing is allocated)."""
+        if self.num_token_slots == 0:
+            return 1.0
+        return self.num_real_tokens / self.num_token_slots
+
+    @classmethod
+    def of(cls, seqs: Iterable[Sequence], block_size: int) -> TokenOccupancy:
+        """Counts each physical block once, however many sequences share it.
+
+        A shared block sits at the same index in every table that holds it, so it is full if
+        any of them fills it, and otherwise holds the most tokens any of them put there.
+        """
+        blocks: set[int] = set()
+        full: set[int] = set()
+        partial: dict[int, int] = {}
+        for seq in seqs:
+            table = seq.block_table
+            blocks.update(table)
+            num_full = min(seq.num_tokens // block_size, len(table))
+            full.update(table[:num_full])
+            remainder = seq.num_tokens - num_full * block_size
+            if num_full < len(table) and remainder > 0:
+                block_id = table[num_full]
+                partial[block_id] = max(partial.get(block_id, 0), remainder)
+        real = len(full) * block_size + sum(
+            count for block_id, count in partial.items() if block_id not in full)
+        return cls(num_token_slots=len(blocks) * block_size, num_real_tokens=real)
+
+
+@dataclass(slots=True)
+class PreemptionStats:
+    """Preemptions since start, by how the victim's KV was given up."""
+
+    num_recompute: int = 0
+    num_swap: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.num_recompute + self.num_swap
+
+
+@dataclass(slots=True, frozen=True)
+class SchedulerStats:
+    """A snapshot for /metrics and the load hints (names match ``client.load_hints``)."""
+
+    num_waiting: int
+    num_running: int
+    num_swapped: int
+    num_running_seqs: int
+    kv: KVCacheUsage
+    occupancy: TokenOccupancy
+    num_preemptions_recompute: int
+    num_preemptions_swap: int
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv.kv_cache_usage
+
+    @property
+    def kv_utilization(self) -> float:
+        return self.occupancy.utilization
+
+    @property
+    def free_token_capacity(self) -> int:
+        return self.kv.free_token_capacity
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.num_preemptions_recompute + self.num_preemptions_swap
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        if self.prefix_cache_queried_tokens == 0:
+            return 0.0
+        return self.prefix_cache_hit_tokens / self.prefix_cache_queried_tokens

@@ -1,0 +1,100 @@
+"""Offline inference: ``LLM(model).generate(prompts, SamplingParams(...))``, as in vLLM."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, TypedDict
+
+from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.engine.llm_engine import LLMEngine
+from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.sampling_params import SamplingParams
+
+
+class TokensPrompt(TypedDict):
+    prompt_token_ids: list[int]
+
+
+PromptType = str | TokensPrompt
+
+
+class LLM:
+    """A model loaded with its paged KV cache; ``generate`` runs prompts to completion.
+
+    Engine arguments take vLLM's names (``block_size``, ``swap_space``,
+    ``enable_prefix_caching``, ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``max_model_len``, ``preemption_mode``, ``dtype``, ``seed``) plus ``num_kv_blocks`` or
+    ``kv_cache_memory`` for sizing and ``kv_allocation`` (``paged`` | ``contiguous``).
+    """
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.engine = LLMEngine(EngineArgs.from_kwargs(model, **engine_args))
+        self._request_ids = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(args)
+        llm._request_ids = itertools.count()
+        return llm
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Runs every prompt to completion; results in the order of ``prompts``."""
+        prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)
+        params_list = self._params_for(prompt_list, sampling_params)
+        order = []
+        for prompt, params in zip(prompt_list, params_list):
+            request_id = str(next(self._request_ids))
+            text, token_ids = self._tokenize(prompt)
+            self.engine.add_request(request_id, token_ids, _copy(params), prompt=text)
+            order.append(request_id)
+        return self._run(order)
+
+    def _run(self, order: list[str]) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    done[output.request_id] = output
+        return [done[request_id] for request_id in order]
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.engine.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return None, [int(t) for t in prompt["prompt_token_ids"]]
+        raise InvalidRequestError(
+            f"a prompt must be a string or {{'prompt_token_ids': [...]}}, got {prompt!r:.80}",
+            param="prompt",
+        )
+
+    @staticmethod
+    def _params_for(prompts: list[PromptType],
+                    params: SamplingParams | Sequence[SamplingParams] | None
+                    ) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams() for _ in prompts]
+        if isinstance(params, SamplingParams):
+            return [params] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise InvalidRequestError(
+                f"got {len(params)} sampling params for {len(prompts)} prompts",
+                param="sampling_params",
+            )
+        return params
+
+
+def _copy(params: SamplingParams) -> SamplingParams:
+    # The engine fills defaults (max_tokens) per request; callers' objects stay untouched.
+    return replace(params)
