@@ -27,6 +27,7 @@ from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.tiny import resolve_model
 from pagedserve.server.sampling.sampler import Sampler
+from pagedserve.server.sampling.validation import validate_token_ids
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,10 @@ class LLMEngine:
                 f"prompt token id {bad[0]} is out of range for a vocabulary of {vocab}",
                 param="prompt",
             )
+        validate_token_ids(params, vocab, self._eos_token_id())
+        if params.use_beam_search and params.stop:
+            raise InvalidRequestError("stop strings are not supported with beam search",
+                                      param="stop")
         max_tokens = params.max_tokens or 0
         if n_prompt + max_tokens > self.max_model_len:
             raise InvalidRequestError(
@@ -114,6 +119,9 @@ class LLMEngine:
         if params.max_tokens is None:
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         self.check_request(prompt_token_ids, params)
+        if params.prompt_logprobs is not None:
+            # Every prompt position must be computed to report its logprob: no cache hits.
+            cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
         seq = Sequence(next(self._seq_ids), prompt_token_ids, self.cache_config.block_size)
         group = SequenceGroup(request_id, [seq], params,
                               arrival_time=arrival_time or time.monotonic(),
@@ -153,19 +161,22 @@ class LLMEngine:
         start = time.perf_counter()
         out = self.scheduler.schedule()
         if out.is_empty:
+            self.outputs.finish_ignored(out.ignored_seq_groups)
             return self.outputs.collect()
         hidden, starts = self.runner.execute(out)
         self.scheduler.update_after_step(out)
         plan = self.outputs.plan_sampling(out, starts)
-        if plan.rows:
-            logits = self.runner.compute_logits(hidden, plan.rows)
-            self.outputs.apply_samples(plan, logits, self.sampler, self.new_seq_id)
+        rows = plan.logit_rows()
+        if rows:
+            logits = self.runner.compute_logits(hidden, rows)
+            self.outputs.apply(plan, logits, self.sampler, self.new_seq_id)
+        self.outputs.finish_ignored(out.ignored_seq_groups)
         results = self.outputs.collect()
         prompt_tokens = _prompt_tokens_computed(out)
         self.prompt_tokens_total += prompt_tokens
-        self.generation_tokens_total += len(plan.rows)
+        self.generation_tokens_total += plan.num_sampled
         if self._observers:
-            self._notify(out, prompt_tokens, len(plan.rows), time.perf_counter() - start,
+            self._notify(out, prompt_tokens, plan.num_sampled, time.perf_counter() - start,
                          results)
         return results
 

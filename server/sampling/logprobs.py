@@ -26,3 +26,9 @@ def top_logprobs(
         return None
     values, ids = logits.topk(min(num_logprobs, logits.size(1)), dim=-1)
     return ids, values - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+def sampled_ranks(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """long [N]: 1-based rank of ``token_ids[i]`` in row i (1 = the most likely token)."""
+    chosen = logits.gather(1, token_ids.unsqueeze(1))
+    return (logits > chosen).sum(dim=-1) + 1

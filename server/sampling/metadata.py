@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
 from pagedserve.server.engine.sampling_params import SamplingParams, SamplingType
 from pagedserve.server.sampling.exponential_race import generator_seed
 from pagedserve.server.sampling.token_masks import build_blocked_mask, build_logit_bias
@@ -63,6 +64,7 @@ class SamplingMetadata:
     seeded_rows: list[tuple[int, int]]  # (row, generator seed) of seeded random rows
     has_unseeded_random: bool
     max_num_logprobs: int
+    wants_logprobs: bool  # some row asked for logprobs (0 = the sampled token's alone)
 
     @classmethod
     def build(
@@ -112,6 +114,7 @@ class SamplingMetadata:
                 row.seed is None and not greedy[i] for i, row in enumerate(rows)
             ),
             max_num_logprobs=max((row.params.logprobs or 0 for row in rows), default=0),
+            wants_logprobs=any(row.params.logprobs is not None for row in rows),
         )
 
 

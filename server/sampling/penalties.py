@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+
 from pagedserve.server.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

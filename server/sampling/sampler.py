@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from pagedserve.server.sampling.exponential_race import exponential_noise, exponential_race
-from pagedserve.server.sampling.logprobs import sampled_logprobs, top_logprobs
+from pagedserve.server.sampling.logprobs import sampled_logprobs, sampled_ranks, top_logprobs
 from pagedserve.server.sampling.metadata import SamplingMetadata
 from pagedserve.server.sampling.penalties import apply_penalties_and_biases
 from pagedserve.server.sampling.warpers import apply_warpers
@@ -34,6 +35,7 @@ class SamplerOutput:
     sampled_token_ids: torch.Tensor  # long [N]
     sampled_logprobs: torch.Tensor  # float32 [N], raw-logit logprob of the sampled token
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # (ids long [N, k], float32 [N, k])
+    sampled_ranks: torch.Tensor | None = None  # long [N], when some row asked for logprobs
 
 
 class Sampler:
@@ -55,6 +57,7 @@ class Sampler:
             sampled_token_ids=token_ids,
             sampled_logprobs=sampled_logprobs(logits, token_ids),
             top_logprobs=top_logprobs(logits, metadata.max_num_logprobs),
+            sampled_ranks=sampled_ranks(logits, token_ids) if metadata.wants_logprobs else None,
         )
 
     def process_logits(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
+
 from pagedserve.server.engine.sampling_params import SamplingParams
 from pagedserve.server.sampling.penalties import bad_words_banned_ids, min_tokens_banned_ids
 
