@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.engine.sampling_params import BeamSearchParams, SamplingParams
 
 
 class TokensPrompt(TypedDict):
@@ -19,6 +19,35 @@ class TokensPrompt(TypedDict):
 
 
 PromptType = str | TokensPrompt
+
+
+@dataclass(slots=True)
+class BeamSearchSequence:
+    """One beam: prompt + generated tokens, its text, its summed logprob and its score."""
+
+    tokens: list[int]
+    text: str
+    cum_logprob: float
+    score: float
+    finish_reason: str | None
+
+
+@dataclass(slots=True)
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]
+
+    @classmethod
+    def of(cls, result: RequestOutput, length_penalty: float) -> BeamSearchOutput:
+        return cls([
+            BeamSearchSequence(
+                tokens=result.prompt_token_ids + c.token_ids,
+                text=c.text,
+                cum_logprob=c.cumulative_logprob,
+                score=c.cumulative_logprob / max(1, len(c.token_ids)) ** length_penalty,
+                finish_reason=c.finish_reason,
+            )
+            for c in result.outputs
+        ])
 
 
 class LLM:
@@ -59,6 +88,14 @@ class LLM:
             self.engine.add_request(request_id, token_ids, _copy(params), prompt=text)
             order.append(request_id)
         return self._run(order)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType],
+                    params: BeamSearchParams) -> list[BeamSearchOutput]:
+        """The ``beam_width`` best continuations of each prompt, best first (transformers'
+        ranking: cumulative logprob / generated length ** length_penalty)."""
+        sampling = params.to_sampling_params()
+        results = self.generate(prompts, sampling)
+        return [BeamSearchOutput.of(result, params.length_penalty) for result in results]
 
     def _run(self, order: list[str]) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
