@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
 

@@ -17,11 +17,12 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as BackendTokenizer
+
 from pagedserve.server.tokenizer.base import Tokenizer, TokenizerLoadError
 from pagedserve.server.tokenizer.hf_config import HFTokenizerConfig, read_hf_tokenizer_config
 from pagedserve.server.tokenizer.hf_token_bytes import TokenByteDecoder, build_token_byte_decoder
-from tokenizers import AddedToken
-from tokenizers import Tokenizer as BackendTokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence, Set
 from pathlib import Path
 
 import tiktoken
+
 from pagedserve.client.encoding import load_encoding
 from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.tokenizer.base import Tokenizer, TokenizerLoadError

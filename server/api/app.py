@@ -1,0 +1,93 @@
+"""The application factory: routes, middlewares, and the engine's life in ``cleanup_ctx``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from pagedserve.server.api import routes_info
+from pagedserve.server.api.admission import Admission
+from pagedserve.server.api.config import ServerConfig
+from pagedserve.server.api.errors import error_middleware, shutting_down
+from pagedserve.server.api.hints import add_load_hints, get_load
+from pagedserve.server.api.metrics import ServerMetrics
+from pagedserve.server.api.serving_chat import create_chat_completion
+from pagedserve.server.api.serving_completions import create_completion
+from pagedserve.server.api.serving_tokenize import detokenize, tokenize
+from pagedserve.server.api.state import (
+    ADMISSION_KEY,
+    BATCHES_KEY,
+    CONFIG_KEY,
+    ENGINE_KEY,
+    METRICS_KEY,
+    MODEL_NAMES_KEY,
+    STARTED_KEY,
+)
+
+# Once the engine is gone, how long a handler may keep its connection open.
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+
+def create_app(config: ServerConfig) -> web.Application:
+    """A ready-to-run application; the engine loads when the app starts up."""
+    admission = Admission(config.api_key)
+    app = web.Application(
+        middlewares=[error_middleware, admission.middleware()],
+        client_max_size=config.max_request_body_bytes,
+    )
+    names = config.served_model_names or [config.engine_args.model]
+    app[CONFIG_KEY] = config
+    app[MODEL_NAMES_KEY] = names
+    app[ADMISSION_KEY] = admission
+    app[BATCHES_KEY] = set()
+    app[METRICS_KEY] = ServerMetrics(names[0], lambda: _stats(app))
+    app.cleanup_ctx.append(_engine_context)
+    app.on_response_prepare.append(add_load_hints)
+    _add_routes(app.router)
+    return app
+
+
+def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The runner every launcher must use: with ``handler_cancellation`` a client that
+    disconnects cancels its handler, which is what aborts a non-streaming generation."""
+    kwargs.setdefault("shutdown_timeout", _SHUTDOWN_TIMEOUT_S)
+    return web.AppRunner(app, handler_cancellation=True, **kwargs)
+
+
+def _add_routes(router: web.UrlDispatcher) -> None:
+    router.add_post("/v1/completions", create_completion)
+    router.add_post("/v1/chat/completions", create_chat_completion)
+    router.add_get("/v1/models", routes_info.list_models)
+    router.add_get("/v1/models/{model}", routes_info.retrieve_model)
+    router.add_post("/tokenize", tokenize)
+    router.add_post("/detokenize", detokenize)
+    router.add_get("/health", routes_info.health)
+    router.add_get("/metrics", routes_info.metrics)
+    router.add_get("/version", routes_info.version)
+    router.add_get("/load", get_load)
+
+
+def _stats(app: web.Application) -> Any:
+    engine = app.get(ENGINE_KEY)
+    return engine.stats() if engine is not None else None
+
+
+async def _engine_context(app: web.Application) -> AsyncIterator[None]:
+    # Imported here: torch loads with the engine, not with the API's modules.
+    from pagedserve.server.engine.async_engine import AsyncEngine
+
+    engine_args = app[CONFIG_KEY].engine_args
+    engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args)
+    await engine.start()
+    app[ENGINE_KEY] = engine
+    app[STARTED_KEY] = int(time.time())
+    try:
+        yield
+    finally:
+        for batch in list(app[BATCHES_KEY]):
+            batch.interrupt(shutting_down())
+        await engine.shutdown()

@@ -1,0 +1,138 @@
+"""OpenAI-shaped errors: one exception type, one middleware that turns everything into JSON.
+
+Handlers raise; only ``error_middleware`` builds error responses, so every failure a client
+can see (bad JSON, unknown route, oversized body, engine errors) has the same body:
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from pagedserve.server.engine.errors import (
+    EngineDeadError,
+    InvalidRequestError,
+    QueueFullError,
+)
+
+logger = logging.getLogger(__name__)
+
+INVALID_REQUEST = "invalid_request_error"
+RATE_LIMIT = "rate_limit_error"
+SERVER_ERROR = "server_error"
+UNAVAILABLE = "service_unavailable_error"
+
+
+class APIError(Exception):
+    """An error the server reports to the client with ``status`` and OpenAI's error body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = INVALID_REQUEST,
+        param: str | None = None,
+        code: str | int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_response(self) -> web.Response:
+        return web.Response(
+            status=self.status,
+            body=orjson.dumps(self.body()),
+            content_type="application/json",
+            headers=self.headers,
+        )
+
+
+def invalid_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, INVALID_REQUEST, param=param)
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(
+        404,
+        f"The model `{model}` does not exist.",
+        INVALID_REQUEST,
+        param="model",
+        code="model_not_found",
+    )
+
+
+def shutting_down() -> APIError:
+    return APIError(503, "The server is shutting down.", UNAVAILABLE, code="server_draining")
+
+
+def engine_unavailable(detail: str) -> APIError:
+    return APIError(503, f"The engine is not running: {detail}", UNAVAILABLE,
+                    code="engine_dead")
+
+
+def from_exception(exc: BaseException, request: web.Request) -> APIError:
+    """The APIError a client sees for ``exc``; anything unexpected becomes a 500."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, InvalidRequestError):
+        return invalid_request(exc.message, exc.param)
+    if isinstance(exc, QueueFullError):
+        retry_after = max(1, math.ceil(exc.retry_after))
+        return APIError(429, exc.message, RATE_LIMIT, code="queue_full",
+                        headers={"Retry-After": str(retry_after)})
+    if isinstance(exc, EngineDeadError):
+        return engine_unavailable(str(exc))
+    if isinstance(exc, web.HTTPException):
+        return _from_http_exception(exc, request)
+    logger.exception("unhandled error in %s %s", request.method, request.path)
+    return APIError(500, "The server had an error while processing the request.", SERVER_ERROR)
+
+
+def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIError:
+    headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+    if exc.status == 404:
+        message = f"Invalid URL ({request.method} {request.path})"
+        return APIError(404, message, INVALID_REQUEST, code="unknown_url")
+    if exc.status == 405:
+        message = f"Method {request.method} is not allowed for {request.path}"
+        return APIError(405, message, INVALID_REQUEST, code="method_not_allowed",
+                        headers=headers)
+    if exc.status == 413:
+        limit = request.client_max_size
+        size = request.content_length
+        sent = f"{size} bytes" if size is not None else "a body"
+        message = f"Request body too large: {sent} sent, the limit is {limit} bytes."
+        return APIError(413, message, INVALID_REQUEST, code="request_too_large")
+    error_type = INVALID_REQUEST if exc.status < 500 else SERVER_ERROR
+    return APIError(exc.status, exc.reason, error_type, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client is gone: there is no one to answer
+    except Exception as exc:
+        return from_exception(exc, request).to_response()

@@ -1,0 +1,104 @@
+"""The engine requests behind one HTTP request, merged into one stream of outputs.
+
+A completions request with several prompts becomes several engine requests; their outputs
+arrive interleaved, each tagged with its prompt's index. Leaving the ``async with`` block
+for any reason (done, error, the client went away and aiohttp cancelled the handler)
+aborts every request still running, so their KV blocks are freed at once. ``interrupt``
+lets the server end a batch from outside (graceful shutdown past its timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator
+from typing import TYPE_CHECKING
+
+from pagedserve.server.api.metrics import ServerMetrics
+from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedserve.server.engine.async_engine import AsyncEngine
+
+_Item = tuple[int, RequestOutput | BaseException]
+
+
+class GenerationBatch:
+    def __init__(self, engine: AsyncEngine, active: set[GenerationBatch],
+                 metrics: ServerMetrics) -> None:
+        self._engine = engine
+        self._active = active
+        self._metrics = metrics
+        self._streams: list[AsyncIterable[RequestOutput]] = []
+        self._unfinished: set[str] = set()
+        self._last_token_time: list[float | None] = []
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._pumps: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> GenerationBatch:
+        self._active.add(self)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._active.discard(self)
+        for task in self._pumps:
+            task.cancel()
+        self._abort_unfinished()
+
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+            prompt: str | None) -> None:
+        """Submits one engine request; raises the engine's errors at once."""
+        stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt)
+        self._streams.append(stream)
+        self._unfinished.add(request_id)
+        self._last_token_time.append(None)
+
+    def interrupt(self, error: BaseException) -> None:
+        """Ends the batch from outside: its requests are aborted and the reader gets
+        ``error``."""
+        self._abort_unfinished()
+        self._queue.put_nowait((-1, error))
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """``(prompt index, cumulative output)`` pairs until every request has finished."""
+        self._pumps = [
+            asyncio.create_task(self._pump(i, stream)) for i, stream in enumerate(self._streams)
+        ]
+        # An interrupt empties ``_unfinished`` but leaves its error queued for us to raise.
+        while self._unfinished or not self._queue.empty():
+            index, item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            self._observe(index, item)
+            yield index, item
+
+    async def final_outputs(self) -> list[RequestOutput]:
+        finals: list[RequestOutput | None] = [None] * len(self._streams)
+        async for index, output in self.outputs():
+            finals[index] = output
+        return [f for f in finals if f is not None]
+
+    async def _pump(self, index: int, stream: AsyncIterable[RequestOutput]) -> None:
+        try:
+            async for output in stream:
+                self._queue.put_nowait((index, output))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._queue.put_nowait((index, exc))
+
+    def _observe(self, index: int, output: RequestOutput) -> None:
+        last = output.metrics.last_token_time
+        previous = self._last_token_time[index]
+        if last is not None and previous is not None and last > previous:
+            self._metrics.observe_inter_token_latency(last - previous)
+        self._last_token_time[index] = last
+        if output.finished:
+            self._unfinished.discard(output.request_id)
+            self._metrics.observe_finished(output)
+
+    def _abort_unfinished(self) -> None:
+        for request_id in self._unfinished:
+            self._engine.abort(request_id)
+            self._metrics.count_aborted()
+        self._unfinished.clear()

@@ -1,0 +1,113 @@
+"""``POST /v1/chat/completions``: the request body, read and type-checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pagedserve.server.api.protocol_completions import read_stream_options
+from pagedserve.server.api.protocol_fields import Fields, show, type_error
+from pagedserve.server.api.protocol_sampling import read_sampling_fields
+from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.engine.sampling_params import MAX_LOGPROBS
+
+# OpenAI fields for tools, audio and structured output: a clear 400 rather than a silent
+# answer that ignores them.
+_UNSUPPORTED = (
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "audio",
+    "prediction",
+    "web_search_options",
+    "reasoning_effort",
+    "verbosity",
+)
+# OpenAI fields about billing, storage and tracking: nothing to do here.
+_IGNORED = (
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+)
+
+
+@dataclass(slots=True)
+class ChatCompletionRequest:
+    model: str
+    messages: list[Any]
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    logprobs: bool
+    top_logprobs: int | None
+    add_generation_prompt: bool
+    sampling: dict[str, Any]
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    fields = Fields(body)
+    model = fields.string("model", required=True)
+    messages = read_messages(fields.raw("messages"))
+    stream = fields.boolean("stream", False)
+    max_tokens = fields.integer("max_tokens")
+    # max_completion_tokens is OpenAI's current name; max_tokens its deprecated alias.
+    max_completion_tokens = fields.integer("max_completion_tokens")
+    logprobs = fields.boolean("logprobs", False)
+    top_logprobs = fields.integer("top_logprobs", minimum=0, maximum=MAX_LOGPROBS)
+    if top_logprobs is not None and not logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs to be true",
+                                  param="top_logprobs")
+    request = ChatCompletionRequest(
+        model=model,
+        messages=messages,
+        max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
+        stream=stream,
+        include_usage=read_stream_options(fields, stream),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        add_generation_prompt=fields.boolean("add_generation_prompt", True),
+        sampling=read_sampling_fields(fields),
+    )
+    _read_response_format(fields)
+    _read_modalities(fields)
+    fields.reject(*_UNSUPPORTED)
+    fields.ignore(*_IGNORED)
+    fields.finish()
+    return request
+
+
+def read_messages(value: Any) -> list[Any]:
+    """The raw messages; the tokenizer's chat-template renderer validates each one (roles,
+    text parts) and names the offending ``messages[i]`` in its error."""
+    if value is None:
+        raise InvalidRequestError("messages is required", param="messages")
+    if not isinstance(value, list) or not value:
+        raise type_error("messages", "a non-empty list of messages", value)
+    return value
+
+
+def _read_response_format(fields: Fields) -> None:
+    response_format = fields.object("response_format")
+    if response_format is None:
+        return
+    kind = response_format.string("type", required=True)
+    if kind != "text":
+        raise InvalidRequestError(
+            f"response_format.type {show(kind)} is not supported: only \"text\" is",
+            param="response_format.type",
+        )
+    response_format.finish()
+
+
+def _read_modalities(fields: Fields) -> None:
+    modalities = fields.strings("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise InvalidRequestError(
+            f"modalities {show(modalities)} is not supported: only [\"text\"] is",
+            param="modalities",
+        )

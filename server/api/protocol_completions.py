@@ -1,0 +1,79 @@
+"""``POST /v1/completions``: the request body, read and type-checked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pagedserve.server.api.protocol_fields import Fields, is_int, type_error
+from pagedserve.server.api.protocol_sampling import read_sampling_fields
+from pagedserve.server.engine.errors import InvalidRequestError
+
+# A prompt is text or token ids; a request carries one or more of them.
+PromptInput = str | list[int]
+
+_PROMPT_SHAPES = "a string, a list of strings, a list of token ids or a list of token-id lists"
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    model: str
+    prompts: list[PromptInput]
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    echo: bool
+    logprobs: int | None
+    sampling: dict[str, Any]
+
+
+def parse_completion_request(body: Any) -> CompletionRequest:
+    fields = Fields(body)
+    model = fields.string("model", required=True)
+    prompts = read_prompts(fields.raw("prompt"))
+    stream = fields.boolean("stream", False)
+    request = CompletionRequest(
+        model=model,
+        prompts=prompts,
+        max_tokens=fields.integer("max_tokens"),
+        stream=stream,
+        include_usage=read_stream_options(fields, stream),
+        echo=fields.boolean("echo", False),
+        logprobs=fields.integer("logprobs"),
+        sampling=read_sampling_fields(fields),
+    )
+    fields.ignore("user")
+    fields.reject("suffix")
+    fields.finish()
+    return request
+
+
+def read_prompts(value: Any) -> list[PromptInput]:
+    """OpenAI's four prompt shapes, as a list of prompts."""
+    if value is None:
+        raise InvalidRequestError("prompt is required", param="prompt")
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise type_error("prompt", _PROMPT_SHAPES, value)
+    if all(isinstance(p, str) for p in value):
+        return list(value)
+    if all(is_int(t) for t in value):
+        return [list(value)]
+    if all(isinstance(p, list) and p and all(is_int(t) for t in p) for p in value):
+        return [list(p) for p in value]
+    raise type_error("prompt", _PROMPT_SHAPES, value)
+
+
+def read_stream_options(fields: Fields, stream: bool) -> bool:
+    """``stream_options.include_usage``; the options exist only for streamed responses."""
+    options = fields.object("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidRequestError("stream_options is only allowed when stream is true",
+                                  param="stream_options")
+    include_usage = options.boolean("include_usage", False)
+    options.ignore("include_obfuscation")  # OpenAI's padding against side channels; moot here
+    options.finish()
+    return include_usage

@@ -1,0 +1,117 @@
+"""``POST /v1/chat/completions``: messages → the model's chat template → one engine request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from pagedserve.server.api.generation import GenerationBatch
+from pagedserve.server.api.jsonio import json_response, read_json
+from pagedserve.server.api.logprobs import chat_logprobs
+from pagedserve.server.api.protocol_chat import ChatCompletionRequest, parse_chat_request
+from pagedserve.server.api.serving_common import (
+    Serving,
+    StreamTracker,
+    new_logprobs,
+    new_request_id,
+    now_seconds,
+    reject_unstreamable,
+    sampling_params,
+    usage,
+)
+from pagedserve.server.api.sse import stream_events
+from pagedserve.server.engine.outputs import PositionLogprobs
+from pagedserve.server.engine.sampling_params import SamplingParams
+
+OBJECT = "chat.completion"
+CHUNK_OBJECT = "chat.completion.chunk"
+ROLE = "assistant"
+
+
+def encode_chat(serving: Serving, messages: list[Any],
+                add_generation_prompt: bool) -> tuple[str, list[int]]:
+    """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
+    tokenizer = serving.tokenizer
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    # The template writes its own special tokens (often the BOS).
+    return text, tokenizer.encode(text, add_special_tokens=False)
+
+
+async def create_chat_completion(request: web.Request) -> web.StreamResponse:
+    req = parse_chat_request(await read_json(request))
+    serving = Serving.of(request)
+    serving.check_model(req.model)
+    text, token_ids = encode_chat(serving, req.messages, req.add_generation_prompt)
+    params = sampling_params(
+        req.sampling,
+        max_tokens=req.max_tokens,
+        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+    )
+    if req.stream:
+        reject_unstreamable(params)
+    request_id = new_request_id("chatcmpl")
+    view = _ChatView(serving, req, params, request_id)
+    async with serving.batch() as batch:
+        batch.add(request_id, token_ids, params, text)
+        if req.stream:
+            return await stream_events(request, view.stream(batch))
+        (final,) = await batch.final_outputs()
+    choices = [
+        {
+            "index": o.index,
+            "message": {"role": ROLE, "content": o.text},
+            "logprobs": view.logprobs(o.token_ids, new_logprobs(o, 0)),
+            "finish_reason": o.finish_reason,
+            "stop_reason": o.stop_reason,
+        }
+        for o in sorted(final.outputs, key=lambda o: o.index)
+    ]
+    body = {**view.envelope(OBJECT), "choices": choices, "usage": usage([final])}
+    return json_response(body)
+
+
+class _ChatView:
+    def __init__(self, serving: Serving, req: ChatCompletionRequest, params: SamplingParams,
+                 request_id: str) -> None:
+        self.serving = serving
+        self.req = req
+        self.params = params
+        self.request_id = request_id
+        self.created = now_seconds()
+
+    def envelope(self, kind: str) -> dict[str, Any]:
+        return self.serving.envelope(self.request_id, self.created, kind)
+
+    def logprobs(self, token_ids: list[int],
+                 positions: list[PositionLogprobs | None] | None) -> dict[str, Any] | None:
+        if not self.req.logprobs:
+            return None
+        return chat_logprobs(self.serving.tokenizer, token_ids, positions or [],
+                             self.req.top_logprobs or 0)
+
+    async def stream(self, batch: GenerationBatch) -> AsyncIterator[list[dict[str, Any]]]:
+        envelope = self.envelope(CHUNK_OBJECT)
+        if self.req.include_usage:
+            envelope["usage"] = None
+        # OpenAI opens every choice with a chunk that carries only the role.
+        yield [
+            {**envelope, "choices": [{"index": i, "delta": {"role": ROLE, "content": ""},
+                                      "logprobs": None, "finish_reason": None}]}
+            for i in range(self.params.n)
+        ]
+        tracker = StreamTracker(self.params.n)
+        async for i, output in batch.outputs():
+            chunks = []
+            for d in tracker.deltas(i, output):
+                delta = {"content": d.text} if d.token_ids or d.text else {}
+                choice = {"index": d.index, "delta": delta,
+                          "logprobs": self.logprobs(d.token_ids, d.logprobs),
+                          "finish_reason": d.finish_reason}
+                if d.finish_reason is not None:
+                    choice["stop_reason"] = d.stop_reason
+                chunks.append({**envelope, "choices": [choice]})
+            yield chunks
+        if self.req.include_usage:
+            yield [{**envelope, "choices": [], "usage": tracker.usage()}]

@@ -1,0 +1,180 @@
+"""What the completions and chat handlers share: body parsing, the model check, prompt
+encoding, per-request sampling params, and the bookkeeping that turns cumulative engine
+outputs into per-choice deltas and usage."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from pagedserve.server.api.errors import invalid_request, model_not_found
+from pagedserve.server.api.generation import GenerationBatch
+from pagedserve.server.api.state import BATCHES_KEY, ENGINE_KEY, METRICS_KEY, MODEL_NAMES_KEY
+from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from pagedserve.server.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedserve.server.engine.async_engine import AsyncEngine
+    from pagedserve.server.tokenizer.base import Tokenizer
+
+try:
+    VERSION = importlib.metadata.version("pagedserve")
+except importlib.metadata.PackageNotFoundError:  # running from a source tree
+    VERSION = "0.0.0"
+SYSTEM_FINGERPRINT = f"fp_pagedserve_{VERSION}"
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@dataclass(slots=True)
+class Serving:
+    """The application state a generation handler needs."""
+
+    engine: AsyncEngine
+    model_names: list[str]
+    app: web.Application
+
+    @classmethod
+    def of(cls, request: web.Request) -> Serving:
+        app = request.app
+        return cls(app[ENGINE_KEY], app[MODEL_NAMES_KEY], app)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.model_names:
+            raise model_not_found(model)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None:
+            raise invalid_request(
+                "the server runs without a tokenizer (--skip-tokenizer-init): only "
+                "completions with token-id prompts and no logprobs or echo are served"
+            )
+        return tokenizer
+
+    def batch(self) -> GenerationBatch:
+        return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY])
+
+    def envelope(self, request_id: str, created: int, kind: str) -> dict[str, Any]:
+        """The fields every response object starts with."""
+        return {
+            "id": request_id,
+            "object": kind,
+            "created": created,
+            "model": self.model_name,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+        }
+
+
+def now_seconds() -> int:
+    return int(time.time())
+
+
+def sampling_params(sampling: dict[str, Any], max_tokens: int | None, logprobs: int | None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
+    """Validated params (InvalidRequestError names the parameter). ``max_tokens=None``
+    lets the engine fill in what the context leaves after the prompt."""
+    return SamplingParams(**sampling, max_tokens=max_tokens, logprobs=logprobs,
+                          prompt_logprobs=prompt_logprobs)
+
+
+def params_for_prompt(params: SamplingParams) -> SamplingParams:
+    # The engine fills a missing max_tokens from the prompt's length, so each prompt of a
+    # batch needs its own copy.
+    return dataclasses.replace(params)
+
+
+def reject_unstreamable(params: SamplingParams) -> None:
+    """Beam search and best_of pick their outputs only at the end: nothing to stream."""
+    if params.use_beam_search:
+        raise invalid_request("use_beam_search cannot be combined with stream",
+                              param="stream")
+    if params.best_of != params.n:
+        raise invalid_request(
+            f"best_of ({params.best_of}) different from n ({params.n}) cannot be combined "
+            f"with stream", param="stream",
+        )
+
+
+def new_logprobs(output: CompletionOutput, start: int) -> list[PositionLogprobs | None] | None:
+    """The logprobs of tokens ``start:`` of ``output`` (the engine's list may run ahead)."""
+    if output.logprobs is None:
+        return None
+    return list(output.logprobs[start : len(output.token_ids)])
+
+
+def usage(finals: list[RequestOutput]) -> dict[str, int]:
+    prompt = sum(len(f.prompt_token_ids) for f in finals)
+    completion = sum(len(o.token_ids) for f in finals for o in f.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+@dataclass(slots=True)
+class ChoiceDelta:
+    """What one choice gained since it was last sent."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs | None] | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+    first: bool
+
+
+@dataclass(slots=True)
+class _Sent:
+    text_len: int = 0
+    num_tokens: int = 0
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class StreamTracker:
+    """Per-choice progress of a stream; choice index = prompt index · n + output index."""
+
+    n: int
+    _sent: dict[int, _Sent] = field(default_factory=dict)
+    _prompt_tokens: dict[int, int] = field(default_factory=dict)
+
+    def deltas(self, prompt_index: int, output: RequestOutput) -> list[ChoiceDelta]:
+        self._prompt_tokens[prompt_index] = len(output.prompt_token_ids)
+        deltas = []
+        for o in output.outputs:
+            index = prompt_index * self.n + o.index
+            sent = self._sent.setdefault(index, _Sent())
+            grew = len(o.token_ids) > sent.num_tokens or len(o.text) > sent.text_len
+            if sent.finished or not (grew or o.finished):
+                continue
+            deltas.append(ChoiceDelta(
+                index=index,
+                text=o.text[sent.text_len:],
+                token_ids=o.token_ids[sent.num_tokens:],
+                logprobs=new_logprobs(o, sent.num_tokens),
+                finish_reason=o.finish_reason,
+                stop_reason=o.stop_reason,
+                first=sent.num_tokens == 0 and sent.text_len == 0,
+            ))
+            sent.text_len, sent.num_tokens = len(o.text), len(o.token_ids)
+            sent.finished = o.finished
+        return deltas
+
+    def usage(self) -> dict[str, int]:
+        prompt = sum(self._prompt_tokens.values())
+        completion = sum(s.num_tokens for s in self._sent.values())
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}

@@ -1,0 +1,174 @@
+"""``POST /v1/completions``: one engine request per prompt, n choices each."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from pagedserve.server.api.generation import GenerationBatch
+from pagedserve.server.api.jsonio import json_response, read_json
+from pagedserve.server.api.logprobs import CompletionLogprobs, token_text
+from pagedserve.server.api.protocol_completions import (
+    CompletionRequest,
+    PromptInput,
+    parse_completion_request,
+)
+from pagedserve.server.api.serving_common import (
+    Serving,
+    StreamTracker,
+    new_logprobs,
+    new_request_id,
+    now_seconds,
+    params_for_prompt,
+    reject_unstreamable,
+    sampling_params,
+    usage,
+)
+from pagedserve.server.api.sse import stream_events
+from pagedserve.server.engine.outputs import Logprob, PositionLogprobs, RequestOutput
+from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.tokenizer.base import Tokenizer
+
+OBJECT = "text_completion"
+
+
+class _Prompt:
+    """A prompt as the engine takes it, and its text for ``echo``."""
+
+    __slots__ = ("text", "token_ids")
+
+    def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool) -> None:
+        if isinstance(prompt, str):
+            self.text: str | None = prompt
+            self.token_ids = serving.tokenizer.encode(prompt)
+        else:
+            self.token_ids = prompt
+            self.text = serving.tokenizer.decode(prompt) if need_text else None
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    req = parse_completion_request(await read_json(request))
+    serving = Serving.of(request)
+    serving.check_model(req.model)
+    prompts = [_Prompt(serving, p, need_text=req.echo) for p in req.prompts]
+    params = _params(req)
+    if req.stream:
+        reject_unstreamable(params)
+    request_id = new_request_id("cmpl")
+    view = _CompletionView(serving, req, params, prompts, request_id)
+    async with serving.batch() as batch:
+        for i, prompt in enumerate(prompts):
+            batch.add(f"{request_id}-{i}", prompt.token_ids, params_for_prompt(params),
+                      prompt.text)
+        if req.stream:
+            return await stream_events(request, view.stream(batch))
+        finals = await batch.final_outputs()
+    return json_response(view.response(finals))
+
+
+def _params(req: CompletionRequest) -> SamplingParams:
+    prompt_logprobs = req.sampling.pop("prompt_logprobs", None)
+    if req.echo and req.logprobs is not None:
+        # echo shows the prompt's tokens too, so their logprobs are needed.
+        prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
+    return sampling_params(req.sampling, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                           prompt_logprobs=prompt_logprobs)
+
+
+class _CompletionView:
+    """Engine outputs → OpenAI completion objects (whole, or chunk by chunk)."""
+
+    def __init__(self, serving: Serving, req: CompletionRequest, params: SamplingParams,
+                 prompts: list[_Prompt], request_id: str) -> None:
+        self.serving = serving
+        self.req = req
+        self.params = params
+        self.prompts = prompts
+        self.created = now_seconds()
+        self.envelope = serving.envelope(request_id, self.created, OBJECT)
+        self._logprobs: dict[int, CompletionLogprobs] = {}
+
+    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        choices = []
+        for i, final in enumerate(finals):
+            for o in final.outputs:
+                delta_logprobs = new_logprobs(o, 0)
+                choice = self._choice(i * self.params.n + o.index, i, final, o.text,
+                                      o.token_ids, delta_logprobs, first=True)
+                choice["finish_reason"] = o.finish_reason
+                choice["stop_reason"] = o.stop_reason
+                choices.append(choice)
+        choices.sort(key=lambda c: c["index"])
+        return {**self.envelope, "choices": choices, "usage": usage(finals)}
+
+    async def stream(self, batch: GenerationBatch) -> AsyncIterator[list[dict[str, Any]]]:
+        tracker = StreamTracker(self.params.n)
+        usage_field = {"usage": None} if self.req.include_usage else {}
+        async for i, output in batch.outputs():
+            chunks = []
+            for d in tracker.deltas(i, output):
+                choice = self._choice(d.index, i, output, d.text, d.token_ids, d.logprobs,
+                                      d.first)
+                choice["finish_reason"] = d.finish_reason
+                choice["stop_reason"] = d.stop_reason
+                chunks.append({**self.envelope, "choices": [choice], **usage_field})
+            yield chunks
+        if self.req.include_usage:
+            yield [{**self.envelope, "choices": [], "usage": tracker.usage()}]
+
+    def _choice(self, index: int, prompt_index: int, output: RequestOutput, text: str,
+                token_ids: list[int], logprobs: list[PositionLogprobs | None] | None,
+                first: bool) -> dict[str, Any]:
+        echo = self.req.echo and first
+        prompt = self.prompts[prompt_index]
+        choice: dict[str, Any] = {
+            "index": index,
+            "text": (prompt.text or "") + text if echo else text,
+            "logprobs": None,
+        }
+        if self.req.logprobs is not None:
+            choice["logprobs"] = self._logprobs_for(index, output, token_ids, logprobs or [],
+                                                   echo)
+        if first and self.params.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = _vllm_prompt_logprobs(self.serving, output)
+        return choice
+
+    def _logprobs_for(self, index: int, output: RequestOutput, token_ids: list[int],
+                      positions: list[PositionLogprobs | None], echo: bool) -> dict[str, Any]:
+        builder = self._logprobs.get(index)
+        if builder is None:
+            builder = CompletionLogprobs(self.serving.tokenizer, 0,
+                                         self.params.skip_special_tokens)
+            self._logprobs[index] = builder
+        if echo:
+            prompt_positions = output.prompt_logprobs or [None] * len(output.prompt_token_ids)
+            token_ids = output.prompt_token_ids + token_ids
+            positions = list(prompt_positions) + positions
+        return builder.extend(token_ids, positions)
+
+
+def _vllm_prompt_logprobs(serving: Serving,
+                          output: RequestOutput) -> list[dict[str, Any] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt position, token id → logprob, rank, text."""
+    if output.prompt_logprobs is None:
+        return None
+    tokenizer = serving.engine.tokenizer
+    return [
+        None if position is None else {
+            str(token_id): {
+                "logprob": lp.logprob,
+                "rank": lp.rank,
+                "decoded_token": _decoded(tokenizer, token_id, lp),
+            }
+            for token_id, lp in position.items()
+        }
+        for position in output.prompt_logprobs
+    ]
+
+
+def _decoded(tokenizer: Tokenizer | None, token_id: int, logprob: Logprob) -> str | None:
+    if logprob.decoded_token is not None or tokenizer is None:
+        return logprob.decoded_token
+    return token_text(tokenizer, token_id)

@@ -1,0 +1,35 @@
+"""Graceful shutdown: refuse new work, let what runs finish, then end the stragglers."""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from pagedserve.server.api.errors import shutting_down
+from pagedserve.server.api.state import ADMISSION_KEY, BATCHES_KEY
+
+logger = logging.getLogger(__name__)
+
+# After the stragglers are aborted, how long their handlers get to send the error.
+_ABORT_GRACE_S = 5.0
+
+
+async def drain(app: web.Application, timeout: float) -> bool:
+    """Stops admitting requests (503) and waits up to ``timeout`` seconds for the admitted
+    ones; past it, aborts their engine requests so each client gets a 503 error.
+
+    Returns True when everything finished within the timeout.
+    """
+    admission = app[ADMISSION_KEY]
+    admission.draining = True
+    logger.info("draining: %d request(s) in flight, waiting up to %.1f s",
+                admission.in_flight, timeout)
+    if await admission.wait_idle(timeout):
+        return True
+    batches = list(app[BATCHES_KEY])
+    logger.warning("drain timeout: aborting %d generation(s)", len(batches))
+    for batch in batches:
+        batch.interrupt(shutting_down())
+    await admission.wait_idle(_ABORT_GRACE_S)
+    return False

@@ -1,0 +1,26 @@
+"""The application's shared state, under typed keys (no module-level singletons)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from pagedserve.server.api.admission import Admission
+from pagedserve.server.api.config import ServerConfig
+from pagedserve.server.api.metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from pagedserve.server.api.generation import GenerationBatch
+    from pagedserve.server.engine.async_engine import AsyncEngine
+
+CONFIG_KEY = web.AppKey("config", ServerConfig)
+# The names a request's ``model`` may take; the first is the one responses carry.
+MODEL_NAMES_KEY = web.AppKey("model_names", list[str])
+ENGINE_KEY: web.AppKey[AsyncEngine] = web.AppKey("engine")
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+# Unix time the engine came up: the ``created`` of the model cards.
+STARTED_KEY = web.AppKey("started", int)
+ADMISSION_KEY = web.AppKey("admission", Admission)
+# Generations in flight, so that a shutdown past its drain timeout can end them.
+BATCHES_KEY: web.AppKey[set[GenerationBatch]] = web.AppKey("batches")

@@ -1,0 +1,125 @@
+"""``pagedserve serve``: the OpenAI-compatible HTTP server around the engine.
+
+SIGTERM or SIGINT starts a graceful shutdown: new requests get 503 while those in flight
+run to completion for up to ``--drain-timeout`` seconds; the rest are then aborted (their
+clients get a 503 error) and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+from aiohttp import web
+
+from pagedserve.server.api.app import create_app, make_runner
+from pagedserve.server.api.config import (
+    DEFAULT_MAX_REQUEST_BODY_BYTES,
+    ServerConfig,
+    ServerConfigError,
+)
+from pagedserve.server.api.shutdown import drain
+from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.errors import PagedServeError
+
+logger = logging.getLogger("pagedserve.serve")
+
+API_KEY_ENV = "PAGEDSERVE_API_KEY"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    EngineArgs.add_cli_args(parser)
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free)")
+    g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model name(s) clients use; the first is the one responses carry "
+                        "(default: the --model value)")
+    g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health and "
+                        f"/metrics (default: ${API_KEY_ENV})")
+    g.add_argument("--max-request-body-bytes", type=int,
+                   default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                   help="larger request bodies are refused with 413")
+    g.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM")
+    g.add_argument("--disable-access-log", action="store_true",
+                   help="do not log one line per request")
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(
+        engine_args=EngineArgs.from_cli_args(args),
+        host=args.host,
+        port=args.port,
+        served_model_names=list(args.served_model_name or []),
+        api_key=args.api_key,
+        max_request_body_bytes=args.max_request_body_bytes,
+        drain_timeout=args.drain_timeout,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    try:
+        config = config_from_args(args)
+    except ServerConfigError as exc:
+        _fail(str(exc))
+        return 2
+    return _run_event_loop(serve(config, access_log=not args.disable_access_log))
+
+
+async def serve(config: ServerConfig, access_log: bool = True) -> int:
+    """Runs until SIGTERM/SIGINT, then drains; returns the exit status."""
+    app = create_app(config)
+    runner = make_runner(app) if access_log else make_runner(app, access_log=None)
+    stop = _stop_on_signals()  # before loading: a signal during the load ends it cleanly
+    try:
+        await runner.setup()  # loads the model and starts the engine
+    except (ValueError, PagedServeError) as exc:
+        return _fail(f"cannot start the engine: {exc}")
+    try:
+        site = web.TCPSite(runner, config.host, config.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            return _fail(f"cannot listen on {config.host}:{config.port}: {exc}")
+        if stop.is_set():
+            return 0
+        for address in runner.addresses:
+            # A line on stdout that launchers (and tests, with --port 0) can wait for.
+            print(f"pagedserve: serving on http://{address[0]}:{address[1]}", flush=True)
+        await stop.wait()
+        finished = await drain(app, config.drain_timeout)
+        logger.info("drained %s", "cleanly" if finished else "after aborting stragglers")
+    finally:
+        await runner.cleanup()
+    return 0
+
+
+def _fail(message: str) -> int:
+    print(f"pagedserve serve: {message}", file=sys.stderr)
+    return 1
+
+
+def _stop_on_signals() -> asyncio.Event:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _run_event_loop(main: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+    except ImportError:  # uvloop does not exist on Windows
+        return asyncio.run(main)
+    return uvloop.run(main)

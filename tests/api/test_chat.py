@@ -1,0 +1,121 @@
+"""``/v1/chat/completions`` through the official openai SDK: the model's chat template, the
+role chunk, chat-shaped logprobs, usage equal to the tokenizer's counts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+import pytest
+from openai import AsyncOpenAI
+
+from pagedserve.server import LLM, SamplingParams
+from pagedserve.server.engine.outputs import RequestOutput
+from tests.api.conftest import MODEL
+from tests.api.live_server import LiveServer
+
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a cache."},
+]
+
+
+@pytest.fixture(scope="module")
+def offline(model_dir: Path) -> LLM:
+    return LLM(model=str(model_dir), num_kv_blocks=64)
+
+
+def chat_prompt_ids(offline: LLM) -> list[int]:
+    """What the server must feed the engine: the checkpoint's ChatML template, rendered."""
+    tokenizer = offline.get_tokenizer()
+    text = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def reference(offline: LLM, **params: object) -> RequestOutput:
+    return offline.generate([{"prompt_token_ids": chat_prompt_ids(offline)}],
+                            SamplingParams(**params))[0]
+
+
+async def test_greedy_chat_matches_offline_engine(client: AsyncOpenAI, offline: LLM) -> None:
+    expected = reference(offline, temperature=0, max_tokens=8)
+    result = await client.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                  max_completion_tokens=8, temperature=0)
+    (choice,) = result.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.outputs[0].text
+    assert choice.finish_reason == expected.outputs[0].finish_reason
+    assert (result.object, result.model) == ("chat.completion", MODEL)
+    assert result.id.startswith("chatcmpl-")
+    assert result.usage.prompt_tokens == len(chat_prompt_ids(offline))
+    assert result.usage.completion_tokens == len(expected.outputs[0].token_ids)
+
+
+async def test_tokenize_messages_counts_what_chat_sends(server: LiveServer,
+                                                        offline: LLM) -> None:
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + "/tokenize", json={"model": MODEL, "messages": MESSAGES}
+    ) as response:
+        body = await response.json()
+    ids = chat_prompt_ids(offline)
+    assert body == {"count": len(ids), "tokens": ids, "max_model_len": 1024}
+
+
+async def test_stream_opens_with_the_role_and_ends_with_usage(client: AsyncOpenAI,
+                                                              offline: LLM) -> None:
+    expected = reference(offline, temperature=0, max_tokens=5, ignore_eos=True)
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    role_chunk, *token_chunks, usage_chunk = chunks
+    assert role_chunk.object == "chat.completion.chunk"
+    assert (role_chunk.choices[0].delta.role, role_chunk.choices[0].delta.content) == (
+        "assistant", "")
+    assert len(token_chunks) == 5
+    assert all(c.choices[0].delta.role is None for c in token_chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in token_chunks)
+    assert content == expected.outputs[0].text
+    assert [c.choices[0].finish_reason for c in token_chunks] == [None] * 4 + ["length"]
+    assert usage_chunk.choices == []
+    assert usage_chunk.usage.completion_tokens == 5
+    assert usage_chunk.usage.prompt_tokens == len(expected.prompt_token_ids)
+
+
+async def test_parallel_samples_each_get_a_role_chunk(client: AsyncOpenAI) -> None:
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=3, n=2, temperature=1.0, seed=5,
+        stream=True, extra_body={"ignore_eos": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    assert [c.choices[0].delta.role for c in chunks[:2]] == ["assistant", "assistant"]
+    assert sorted(c.choices[0].index for c in chunks[:2]) == [0, 1]
+    finished = sorted(c.choices[0].index for c in chunks if c.choices[0].finish_reason)
+    assert finished == [0, 1]
+
+
+async def test_logprobs_in_chat_shape(client: AsyncOpenAI, offline: LLM) -> None:
+    expected = reference(offline, temperature=0, max_tokens=4, logprobs=3, ignore_eos=True)
+    result = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True,
+        top_logprobs=3, extra_body={"ignore_eos": True},
+    )
+    content = result.choices[0].logprobs.content
+    tokenizer = offline.get_tokenizer()
+    want = expected.outputs[0]
+    assert len(content) == 4
+    for entry, token_id, position in zip(content, want.token_ids, want.logprobs, strict=True):
+        assert bytes(entry.bytes) == tokenizer.token_bytes(token_id)
+        assert entry.logprob == pytest.approx(position[token_id].logprob)
+        assert len(entry.top_logprobs) == 3
+        top = [t.logprob for t in entry.top_logprobs]
+        assert top == sorted(top, reverse=True)
+        assert entry.top_logprobs[0].bytes == entry.bytes  # greedy picks the top token
+
+
+async def test_no_logprobs_unless_asked(client: AsyncOpenAI) -> None:
+    result = await client.chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                  max_tokens=2, temperature=0)
+    assert result.choices[0].logprobs is None

@@ -1,0 +1,77 @@
+"""The small routes: models, version, health, load (and its headers), tokenize/detokenize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+from openai import AsyncOpenAI
+
+from pagedserve.client.load_hints import LoadHints
+from pagedserve.server.api.serving_common import VERSION
+from tests.api.conftest import MODEL
+from tests.api.live_server import LiveServer
+
+
+async def get(server: LiveServer, path: str) -> tuple[int, Any, dict[str, str]]:
+    async with aiohttp.ClientSession() as session, session.get(
+        server.base_url + path
+    ) as response:
+        return response.status, await response.json(), dict(response.headers)
+
+
+async def post(server: LiveServer, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + path, json=body
+    ) as response:
+        return response.status, await response.json()
+
+
+async def test_models_through_the_sdk(client: AsyncOpenAI, server: LiveServer) -> None:
+    models = await client.models.list()
+    (card,) = models.data
+    assert (card.id, card.object, card.owned_by) == (MODEL, "model", "pagedserve")
+    assert card.model_extra["max_model_len"] == server.engine.max_model_len
+    assert (await client.models.retrieve(MODEL)).id == MODEL
+
+
+async def test_version_and_health(server: LiveServer) -> None:
+    assert (await get(server, "/version"))[:2] == (200, {"version": VERSION})
+    assert (await get(server, "/health"))[:2] == (200, {"status": "ok"})
+
+
+async def test_load_reports_the_engine_state(server: LiveServer) -> None:
+    server.wait_until(lambda s: s.num_running == 0)
+    status, body, headers = await get(server, "/load")
+    stats = server.engine.stats()
+    assert status == 200
+    assert body == {
+        "kv_cache_usage": 0.0, "num_waiting": 0, "num_running": 0,
+        "free_token_capacity": stats.total_kv_tokens, "num_preemptions": stats.num_preemptions,
+        "max_num_seqs": 16, "max_num_batched_tokens": 512,
+        "total_kv_tokens": 64 * 16,
+    }
+    hints = LoadHints.from_headers(headers)
+    assert hints == LoadHints(0.0, 0, 0, stats.total_kv_tokens, stats.num_preemptions)
+
+
+async def test_streamed_responses_carry_load_hints_too(server: LiveServer) -> None:
+    body = {"model": MODEL, "prompt": "hints", "max_tokens": 2, "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + "/v1/completions", json=body
+    ) as response:
+        hints = LoadHints.from_headers(response.headers)
+        await response.read()
+    assert hints is not None
+    assert hints.num_waiting + hints.num_running >= 0
+
+
+async def test_tokenize_and_detokenize_round_trip(server: LiveServer) -> None:
+    text = "Paged attention, block by block."
+    tokenizer = server.engine.tokenizer
+    status, tokenized = await post(server, "/tokenize", {"model": MODEL, "prompt": text})
+    assert status == 200
+    assert tokenized == {"count": len(tokenizer.encode(text)),
+                         "tokens": tokenizer.encode(text), "max_model_len": 1024}
+    status, detokenized = await post(server, "/detokenize", {"tokens": tokenized["tokens"]})
+    assert (status, detokenized) == (200, {"prompt": text})
