@@ -124,8 +124,9 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         """Thread-safe and idempotent; the loop frees the request's blocks before its next
-        step."""
-        if self._streams.pop(request_id, None) is not None:
+        step, and the stream, if still read, ends with a final output (finish_reason
+        "abort")."""
+        if request_id in self._streams:
             self._inbox.put(("abort", request_id))
             self._wakeup.set()
 
@@ -165,6 +166,8 @@ class AsyncEngine:
                 final = self.engine.abort_request(message[1])
                 if final is not None:
                     self._deliver([final])
+                else:
+                    self._streams.pop(message[1], None)  # already finished
                 self._stats = self.engine.stats()
 
     def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedserve.server.engine.beam_search import BeamContinuation, BeamState
+from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.engine.outputs import (
     Logprob,
     PositionLogprobs,
@@ -85,7 +86,8 @@ class OutputProcessor:
 
     def register(self, group: SequenceGroup, prompt: str | None) -> None:
         params = group.sampling_params
-        state = RequestState(group, prompt, RequestMetrics(arrival_time=group.arrival_time))
+        state = RequestState(group, prompt, RequestMetrics(arrival_time=group.arrival_time),
+                             bad_words_token_ids=self.bad_words_token_ids(params))
         if params.use_beam_search:
             eos = frozenset() if self.eos_token_id is None else frozenset([self.eos_token_id])
             max_tokens = min(params.max_tokens, self.max_model_len - len(group.prompt_token_ids))
@@ -95,6 +97,20 @@ class OutputProcessor:
         self._requests[group.request_id] = state
         for seq in group.get_seqs():
             state.new_seq_state(seq, 0, self.tokenizer)
+
+    def bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
+        """Each bad word as token ids, alone and after a space (as it appears mid-text)."""
+        if not params.bad_words:
+            return []
+        if self.tokenizer is None:
+            raise InvalidRequestError("bad_words needs a tokenizer", param="bad_words")
+        sequences = []
+        for word in params.bad_words:
+            for text in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        return sequences
 
     # -- planning -------------------------------------------------------------------------
 
@@ -138,18 +154,21 @@ class OutputProcessor:
         if plan.prompt_chunks:
             prompt_logprobs(plan.prompt_chunks, logits[n_draws + n_beams:])
 
-    def _sampling_rows(self, seqs: list[Sequence], params: list[SamplingParams],
+    def _sampling_rows(self, seqs: list[Sequence], states: list[RequestState],
                        seeds: list[int | None]) -> list[SamplingRow]:
-        return [SamplingRow(params=p, prompt_token_ids=s.prompt_token_ids,
+        return [SamplingRow(params=state.group.sampling_params,
+                            prompt_token_ids=s.prompt_token_ids,
                             output_token_ids=s.output_token_ids, seed=seed,
-                            eos_token_id=self.eos_token_id)
-                for s, p, seed in zip(seqs, params, seeds)]
+                            eos_token_id=self.eos_token_id,
+                            bad_words_token_ids=state.bad_words_token_ids)
+                for s, state, seed in zip(seqs, states, seeds)]
 
     def _apply_draws(self, plan: SamplingPlan, logits: torch.Tensor, sampler: Sampler,
                      new_seq_id: Callable[[], int]) -> None:
         params = [d.state.group.sampling_params for d in plan.draws]
         seeds = [None if p.seed is None else p.seed + d.index for p, d in zip(params, plan.draws)]
-        rows = self._sampling_rows([d.seq for d in plan.draws], params, seeds)
+        rows = self._sampling_rows([d.seq for d in plan.draws], [d.state for d in plan.draws],
+                                   seeds)
         result = sampler(logits, SamplingMetadata.build(rows, self.vocab_size, logits.device))
         tokens = result.sampled_token_ids.tolist()
         logprobs = result.sampled_logprobs.tolist()
@@ -198,9 +217,8 @@ class OutputProcessor:
     def _apply_beams(self, plan: SamplingPlan, logits: torch.Tensor, sampler: Sampler,
                      new_seq_id: Callable[[], int]) -> None:
         seqs = [seq for beams in plan.beams.values() for seq, _ in beams]
-        params = [self._requests[rid].group.sampling_params
-                  for rid, beams in plan.beams.items() for _ in beams]
-        rows = self._sampling_rows(seqs, params, [None] * len(seqs))
+        states = [self._requests[rid] for rid, beams in plan.beams.items() for _ in beams]
+        rows = self._sampling_rows(seqs, states, [None] * len(seqs))
         logprobs = sampler.compute_logprobs(
             logits, SamplingMetadata.build(rows, self.vocab_size, logits.device))
         offset = 0

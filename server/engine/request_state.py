@@ -44,6 +44,7 @@ class RequestState:
     seqs: dict[int, SeqState] = field(default_factory=dict)
     beam: BeamState | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
 
     def new_seq_state(self, seq: Sequence, index: int, tokenizer: Tokenizer | None) -> SeqState:
         params = self.group.sampling_params

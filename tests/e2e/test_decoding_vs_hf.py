@@ -176,3 +176,18 @@ def test_min_tokens_holds_back_an_early_eos(llm: LLM, llama: tuple) -> None:
     out = llm.generate(prompt, held)[0].outputs[0]
     assert len(out.token_ids) == 6 and out.token_ids[-1] == EOS
     assert EOS not in out.token_ids[:5] and out.finish_reason == "stop"
+
+
+def test_bad_words_are_never_generated(llm: LLM, llama: tuple) -> None:
+    tokenizer = llm.get_tokenizer()
+    prompt = {"prompt_token_ids": llama[1][6]}
+    base = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=16))[0].outputs[0]
+    # A generated token whose text encodes back to exactly itself.
+    first = next(t for t in base.token_ids if tokenizer.decode([t]).strip()
+                 and tokenizer.encode(tokenizer.decode([t]), add_special_tokens=False) == [t])
+    banned = tokenizer.decode([first])
+    params = SamplingParams(temperature=0.0, max_tokens=16, bad_words=[banned])
+    out = llm.generate(prompt, params)[0].outputs[0]
+    assert [first] in llm.engine.outputs.bad_words_token_ids(params)
+    assert first not in out.token_ids
+    assert out.token_ids != base.token_ids
