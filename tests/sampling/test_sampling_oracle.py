@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pagedserve.server.engine.sampling_params import SamplingParams
-from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
@@ -15,6 +13,9 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
 
 VOCAB = 64
 PROMPT = [3, 9, 9, 17, 40]

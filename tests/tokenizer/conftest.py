@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from pagedserve.server.tokenizer import Tokenizer, load_tokenizer
 
+from pagedserve.server.tokenizer import Tokenizer, load_tokenizer
 from tests.tokenizer_files import write_hf_tokenizer, write_tiktoken_tokenizer
 
 VOCAB_SIZE = 384

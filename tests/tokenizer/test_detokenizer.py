@@ -8,6 +8,7 @@ from itertools import pairwise
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.tokenizer import IncrementalDetokenizer, Tokenizer
 

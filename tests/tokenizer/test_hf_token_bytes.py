@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
 from pagedserve.server.tokenizer import IncrementalDetokenizer, TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.hf_token_bytes import build_token_byte_decoder, unicode_to_byte
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 PIECES = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "el", "lo", "▁w", "or"]
 MERGES = [("▁", "h"), ("e", "l"), ("l", "o"), ("▁", "w"), ("o", "r")]

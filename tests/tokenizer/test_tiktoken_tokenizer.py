@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from pagedserve.client.encoding import load_encoding
 from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer

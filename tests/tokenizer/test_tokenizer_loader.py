@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from pagedserve.server.tokenizer import TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.hf import HFTokenizer
 from pagedserve.server.tokenizer.tiktoken_tokenizer import TiktokenTokenizer
-
 from tests.tokenizer_files import write_hf_tokenizer, write_tiktoken_tokenizer
 
 
