@@ -16,9 +16,9 @@ install: $(VENV)/bin/python
 install-test: $(VENV)/bin/python
 	$(PIP) install -q -c $(CONSTRAINTS) -e '.[dev]'
 
-# The main job on the embedded tiny model (random weights).
+# The main job: the OpenAI-compatible server on the embedded tiny model (random weights).
 run: install
-	$(VENV)/bin/pagedserve generate "The paged KV cache"
+	$(VENV)/bin/pagedserve serve --model tiny --host 127.0.0.1 --port 8000
 
 test: install-test
 	$(VENV)/bin/ruff check .
