@@ -10,6 +10,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -119,6 +120,10 @@ class LLMEngine:
         if params.max_tokens is None:
             params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         self.check_request(prompt_token_ids, params)
+        extra_eos = self._extra_eos_token_ids(params)
+        if extra_eos:
+            # Checkpoints with several end tokens (Llama 3): the others stop like stop ids.
+            params = replace(params, stop_token_ids=params.stop_token_ids + extra_eos)
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
             cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
@@ -135,6 +140,13 @@ class LLMEngine:
         if group is None:
             return None
         return self.outputs.finish_aborted(group)
+
+    def _extra_eos_token_ids(self, params: SamplingParams) -> list[int]:
+        if params.ignore_eos:
+            return []
+        primary = self._eos_token_id()
+        return [t for t in self.model_config.eos_token_ids
+                if t != primary and t not in params.stop_token_ids]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

@@ -19,7 +19,6 @@ from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.engine.outputs import (
     Logprob,
     PositionLogprobs,
-    RequestMetrics,
     RequestOutput,
 )
 from pagedserve.server.engine.prompt_logprobs import PromptChunk, prompt_logprobs
@@ -86,7 +85,7 @@ class OutputProcessor:
 
     def register(self, group: SequenceGroup, prompt: str | None) -> None:
         params = group.sampling_params
-        state = RequestState(group, prompt, RequestMetrics(arrival_time=group.arrival_time),
+        state = RequestState(group, prompt, group.metrics,
                              bad_words_token_ids=self.bad_words_token_ids(params))
         if params.use_beam_search:
             eos = frozenset() if self.eos_token_id is None else frozenset([self.eos_token_id])
@@ -116,11 +115,8 @@ class OutputProcessor:
 
     def plan_sampling(self, out: SchedulerOutput, starts: list[int]) -> SamplingPlan:
         plan = SamplingPlan()
-        now = time.monotonic()
         for i, item in enumerate(out.scheduled):
             state = self._requests[item.seq_group.request_id]
-            if state.metrics.first_scheduled_time is None:
-                state.metrics.first_scheduled_time = now
             if state.prompt_logprobs is not None:
                 chunk = PromptChunk.of(state, item, starts[i])
                 if chunk is not None:

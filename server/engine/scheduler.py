@@ -302,6 +302,7 @@ class Scheduler:
 
     def _preempt(self, seq_group: SequenceGroup, output: SchedulerOutput) -> None:
         self.running.remove(seq_group)
+        seq_group.metrics.num_preemptions += 1
         if self._preemption_mode(seq_group) == "swap" and self.block_manager.can_swap_out(
                 seq_group):
             output.blocks_to_swap_out.extend(self.block_manager.swap_out(seq_group))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from pagedserve.server.engine.outputs import RequestMetrics
 from pagedserve.server.engine.prefix_cache import BlockHash
 from pagedserve.server.engine.sampling_params import SamplingParams
 
@@ -138,16 +138,6 @@ class Sequence:
         self.block_table = []
         self.num_registered_blocks = 0
         self.status = SequenceStatus.WAITING
-
-
-@dataclass(slots=True)
-class RequestMetrics:
-    """Timestamps of one request; the scheduler sets the first two, the engine the rest."""
-
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    finished_time: float | None = None
 
 
 class SequenceGroup:
