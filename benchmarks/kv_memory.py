@@ -18,18 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 from dataclasses import dataclass
 
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
+from kv_sim import SHAREGPT, lognormal_lengths, make_scheduler, running_seqs, synthetic_prompt
+
 from pagedserve.server.engine.kv_allocation import cdiv
 from pagedserve.server.engine.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.stats import TokenOccupancy
-
-MEAN_INPUT, MEAN_OUTPUT = 161, 338
-SIGMA = 0.9
 
 
 @dataclass(slots=True)
@@ -52,32 +49,15 @@ class PolicyResult:
         return self.running_sum / self.saturated_steps if self.saturated_steps else 0.0
 
 
-def sharegpt_like(num_requests: int, max_model_len: int, seed: int) -> list[tuple[int, int]]:
-    """(input, output) lengths, lognormal around the ShareGPT means, fitted to max_model_len."""
-    rng = random.Random(seed)
-    work = []
-    for _ in range(num_requests):
-        num_input = _lognormal(rng, MEAN_INPUT, max_model_len - 1)
-        work.append((num_input, _lognormal(rng, MEAN_OUTPUT, max_model_len - num_input)))
-    return work
-
-
-def _lognormal(rng: random.Random, mean: float, upper: int) -> int:
-    value = rng.lognormvariate(math.log(mean) - SIGMA**2 / 2, SIGMA)
-    return min(max(round(value), 1), upper)
-
-
 def simulate(policy: str, work: list[tuple[int, int]], args: argparse.Namespace
              ) -> PolicyResult:
-    scheduler = Scheduler(
-        SchedulerConfig(max_num_seqs=args.max_num_seqs,
-                        max_num_batched_tokens=args.max_num_batched_tokens,
-                        max_model_len=args.max_model_len),
-        CacheConfig(block_size=args.block_size, kv_allocation=policy),
-        num_device_blocks=args.num_kv_blocks, num_cpu_blocks=0)
+    scheduler = make_scheduler(
+        policy, block_size=args.block_size, num_kv_blocks=args.num_kv_blocks, num_cpu_blocks=0,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len)
     output_lens = {}
     for index, (num_input, num_output) in enumerate(work):
-        prompt = [(index * 31 + i) % 50_000 for i in range(num_input)]
+        prompt = synthetic_prompt(index, num_input)
         request_id = f"req-{index}"
         output_lens[request_id] = num_output
         scheduler.add_seq_group(SequenceGroup(
@@ -92,8 +72,7 @@ def simulate(policy: str, work: list[tuple[int, int]], args: argparse.Namespace
 
 def _step(scheduler: Scheduler, output_lens: dict[str, int], result: PolicyResult) -> None:
     out = scheduler.schedule()
-    running = [seq for group in scheduler.running
-               for seq in group.get_seqs(SequenceStatus.RUNNING)]
+    running = running_seqs(scheduler)
     result.steps += 1
     result.max_running = max(result.max_running, len(running))
     if scheduler.num_waiting > 0:  # memory, not demand, bounds the batch
@@ -137,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    work = sharegpt_like(args.num_requests, args.max_model_len, args.seed)
+    work = lognormal_lengths(SHAREGPT, args.num_requests, args.max_model_len, args.seed)
     mean_in = sum(i for i, _ in work) / len(work)
     mean_out = sum(o for _, o in work) / len(work)
     print(f"{len(work)} requests, mean input {mean_in:.0f}, mean output {mean_out:.0f} tokens; "
