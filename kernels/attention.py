@@ -3,6 +3,9 @@
 Each op gathers every sequence's K/V through its block table with one index tensor, pads the
 batch to the longest sequence, masks, and runs a single ``scaled_dot_product_attention`` over
 the whole batch (grouped-query attention through ``enable_gqa``: no copy of the KV heads).
+When padding would more than double the work (one long prompt beside short ones), sequences
+are first split into a few groups of similar size — at most one group per power of two of
+their length, never one call per sequence.
 SDPA's CPU and CUDA kernels accumulate the softmax in float32 for half types; the output has
 the query's dtype.
 """
@@ -87,6 +90,21 @@ def _attend(
     return out.transpose(1, 2)
 
 
+# Padded work above this multiple of the real work splits a batch into length groups.
+_MAX_PADDING_FACTOR = 2.0
+
+
+def _length_groups(lengths: torch.Tensor, costs: torch.Tensor) -> list[torch.Tensor] | None:
+    """Row indices grouped by the power of two of ``lengths``, or None when padding every row
+    to the largest cost wastes less than ``_MAX_PADDING_FACTOR``."""
+    if lengths.numel() < 2:
+        return None
+    if float(costs.max()) * costs.numel() <= _MAX_PADDING_FACTOR * float(costs.sum()):
+        return None
+    keys = torch.frexp(lengths.float()).exponent
+    return [(keys == key).nonzero()[:, 0] for key in keys.unique()]
+
+
 def paged_attention_decode(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -103,6 +121,24 @@ def paged_attention_decode(
             f"decode takes one query per sequence: query has {query.shape[0]} rows for "
             f"{seq_lens.shape[0]} sequences"
         )
+    groups = _length_groups(seq_lens, seq_lens)
+    if groups is None:
+        return _decode_padded(query, key_cache, value_cache, block_tables, seq_lens, scale)
+    out = torch.empty_like(query)
+    for rows in groups:
+        out[rows] = _decode_padded(query[rows], key_cache, value_cache, block_tables[rows],
+                                   seq_lens[rows], scale)
+    return out
+
+
+def _decode_padded(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     block_size = key_cache.shape[1]
     max_len = _max_seq_len(seq_lens, block_tables, block_size)
     slots = _gather_slots(block_tables, seq_lens, max_len, block_size)
@@ -192,8 +228,12 @@ def paged_attention_prefill(
             query[rows], key_cache, value_cache, block_tables[decodes], seq_lens[decodes], scale
         )
     prefills = (~single).nonzero()[:, 0]
-    _prefill_padded(
-        query, out, key_cache, value_cache, starts[prefills], query_lens[prefills],
-        block_tables[prefills], seq_lens[prefills].long(), scale,
-    )
+    lens = seq_lens[prefills].long()
+    groups = _length_groups(query_lens[prefills], query_lens[prefills] * lens)
+    for group in groups or [torch.arange(prefills.numel(), device=prefills.device)]:
+        chosen = prefills[group]
+        _prefill_padded(
+            query, out, key_cache, value_cache, starts[chosen], query_lens[chosen],
+            block_tables[chosen], lens[group], scale,
+        )
     return out
