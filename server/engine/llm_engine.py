@@ -156,7 +156,7 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         return EngineStats.of(
-            self.scheduler.stats(),
+            self.scheduler.stats(with_occupancy=False),
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             max_num_seqs=self.scheduler_config.max_num_seqs,

@@ -30,7 +30,6 @@ class EngineStats:
     num_swapped: int
     kv_cache_usage: float
     cpu_kv_cache_usage: float
-    kv_utilization: float
     free_token_capacity: int
     total_kv_tokens: int
     prefix_cache_queries: int
@@ -52,7 +51,6 @@ class EngineStats:
             num_swapped=scheduler.num_swapped,
             kv_cache_usage=kv.kv_cache_usage,
             cpu_kv_cache_usage=kv.cpu.usage,
-            kv_utilization=scheduler.kv_utilization,
             free_token_capacity=kv.free_token_capacity,
             total_kv_tokens=kv.device.num_blocks * kv.block_size,
             prefix_cache_queries=scheduler.prefix_cache_queried_tokens,

@@ -353,17 +353,20 @@ class Scheduler:
     def _num_running_seqs(self) -> int:
         return sum(group.max_num_running_seqs() for group in self.running)
 
-    def stats(self) -> SchedulerStats:
-        """A snapshot of queues, KV usage and counters (cost: one pass over running tables)."""
+    def stats(self, with_occupancy: bool = True) -> SchedulerStats:
+        """A snapshot of queues, KV usage and counters. ``with_occupancy`` adds the token
+        occupancy of the running block tables (one pass over them: leave it out per step)."""
         manager = self.block_manager
         device_seqs = [seq for group in self.running for seq in group.get_seqs(RUNNING)]
+        occupancy = TokenOccupancy.of(device_seqs, manager.block_size) if with_occupancy \
+            else None
         return SchedulerStats(
             num_waiting=len(self.waiting),
             num_running=len(self.running),
             num_swapped=len(self.swapped),
             num_running_seqs=len(device_seqs),
             kv=manager.usage(),
-            occupancy=TokenOccupancy.of(device_seqs, manager.block_size),
+            occupancy=occupancy,
             num_preemptions_recompute=self.preemption_stats.num_recompute,
             num_preemptions_swap=self.preemption_stats.num_swap,
             prefix_cache_queried_tokens=manager.prefix_cache_stats.num_queried_tokens,

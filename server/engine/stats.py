@@ -113,7 +113,7 @@ class SchedulerStats:
     num_swapped: int
     num_running_seqs: int
     kv: KVCacheUsage
-    occupancy: TokenOccupancy
+    occupancy: TokenOccupancy | None  # None unless asked for: it scans the block tables
     num_preemptions_recompute: int
     num_preemptions_swap: int
     prefix_cache_queried_tokens: int
@@ -125,6 +125,8 @@ class SchedulerStats:
 
     @property
     def kv_utilization(self) -> float:
+        if self.occupancy is None:
+            raise ValueError("this snapshot was taken without occupancy (stats(True) adds it)")
         return self.occupancy.utilization
 
     @property
