@@ -11,10 +11,11 @@ server), waits for ``GET /health``, then runs, in one process and against the sa
   batch_fixed  ``BatchRunner`` with a fixed in-flight budget (the server's KV token capacity)
   batch_auto   ``BatchRunner`` with the adaptive budget that follows the load hints
 
-For each it reports wall time, generated tokens per second, errors and the server's
-preemptions during the mode (from ``GET /load``). The last line is JSON with
-``speedup_vs_sequential`` for the two batch modes and ``errors`` per mode. Ratios are what
-this measures; absolute numbers mean something only on the hardware they came from.
+For each it reports wall time, generated tokens per second, errors, lost requests (those
+without exactly one answer) and the server's preemptions during the mode (from
+``GET /load``). The last line is JSON with ``speedup_vs_sequential`` for the two batch modes
+and ``errors`` and ``lost`` per mode. Ratios are what this measures; absolute numbers mean
+something only on the hardware they came from.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -54,11 +56,19 @@ WORDS = [
 ]
 
 
+class Tally(NamedTuple):
+    errors: int
+    lost: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
 @dataclass
 class ModeResult:
     wall_s: float
     requests: int
     errors: int
+    lost: int
     prompt_tokens: int
     completion_tokens: int
     preemptions: int | None
@@ -128,16 +138,16 @@ class Bench:
         return {"model": self.model, "prompt": prompt, "max_tokens": self.max_tokens,
                 "temperature": 0.0, **self.extra}
 
-    async def measure(self, run: Callable[[], Awaitable[tuple[int, int, int]]]) -> ModeResult:
+    async def measure(self, run: Callable[[], Awaitable[Tally]]) -> ModeResult:
         before = await preemptions(self.url)
         start = time.perf_counter()
-        errors, prompt_tokens, completion_tokens = await run()
+        tally = await run()
         wall = time.perf_counter() - start
         after = await preemptions(self.url)
         delta = None if before is None or after is None else after - before
-        return ModeResult(wall, len(self.prompts), errors, prompt_tokens, completion_tokens, delta)
+        return ModeResult(wall, len(self.prompts), *tally, delta)
 
-    async def _own_client(self, concurrent: bool) -> tuple[int, int, int]:
+    async def _own_client(self, concurrent: bool) -> Tally:
         limit = len(self.prompts) if concurrent else 1
         async with AsyncClient(self.url, max_connections=limit, timeout=Timeout(total=3600)) as c:
             async def one(prompt: str):
@@ -154,13 +164,13 @@ class Bench:
                         outcomes.append(exc)
         return _tally([(o.usage if not isinstance(o, BaseException) else o) for o in outcomes])
 
-    async def sequential(self) -> tuple[int, int, int]:
+    async def sequential(self) -> Tally:
         return await self._own_client(concurrent=False)
 
-    async def gather(self) -> tuple[int, int, int]:
+    async def gather(self) -> Tally:
         return await self._own_client(concurrent=True)
 
-    async def openai_semaphore(self, width: int = 32) -> tuple[int, int, int]:
+    async def openai_semaphore(self, width: int = 32) -> Tally:
         from openai import AsyncOpenAI  # imported (and timed) once, during the warm-up
 
         client = AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", timeout=3600)
@@ -178,20 +188,25 @@ class Bench:
             await client.close()
         return _tally(list(outcomes))
 
-    async def batch(self, budget: int | str) -> tuple[int, int, int]:
+    async def batch(self, budget: int | str) -> Tally:
         config = PoolConfig(base_urls=[self.url], max_inflight_tokens=budget,
                             timeout=Timeout(total=3600))
         requests = [BatchRequest(str(i), "completions", self.body(p))
                     for i, p in enumerate(self.prompts)]
         async with await build_pool(config) as pool:
             results = await BatchRunner(pool).run(requests)
-        return _tally([r.usage if r.ok else RuntimeError(r.error) for r in results])
+        answers = Counter(r.custom_id for r in results)
+        lost = sum(answers[request.custom_id] != 1 for request in requests)
+        return _tally([r.usage if r.ok else RuntimeError(r.error) for r in results], lost)
 
 
-def _tally(outcomes: list[Any]) -> tuple[int, int, int]:
+def _tally(outcomes: list[Any], lost: int = 0) -> Tally:
+    """``outcomes`` holds a usage or an exception per answer; the other modes get exactly one
+    per prompt from ``gather`` or their loop, so only the batch runner can lose any."""
     errors = sum(isinstance(o, BaseException) for o in outcomes)
     good = [o for o in outcomes if not isinstance(o, BaseException) and o is not None]
-    return errors, sum(o.prompt_tokens for o in good), sum(o.completion_tokens for o in good)
+    return Tally(errors, lost, sum(o.prompt_tokens for o in good),
+                 sum(o.completion_tokens for o in good))
 
 
 async def run_modes(args: argparse.Namespace, url: str) -> dict[str, ModeResult]:
@@ -206,7 +221,7 @@ async def run_modes(args: argparse.Namespace, url: str) -> dict[str, ModeResult]
 
     TiktokenCounter()
     budget = args.budget or (load.total_kv_tokens if load and load.total_kv_tokens else 32_768)
-    modes: dict[str, Callable[[], Awaitable[tuple[int, int, int]]]] = {
+    modes: dict[str, Callable[[], Awaitable[Tally]]] = {
         "sequential": bench.sequential,
         "gather": bench.gather,
         "openai_sem32": bench.openai_semaphore,
@@ -218,7 +233,8 @@ async def run_modes(args: argparse.Namespace, url: str) -> dict[str, ModeResult]
         results[name] = await bench.measure(run)
         r = results[name]
         print(f"{name:>13}: {r.wall_s:8.2f} s  {r.tokens_per_s:9.1f} tok/s  "
-              f"errors {r.errors:4d}  preemptions {r.preemptions}", flush=True)
+              f"errors {r.errors:4d}  lost {r.lost:4d}  preemptions {r.preemptions}",
+              flush=True)
     return results
 
 
@@ -231,6 +247,7 @@ def summary_line(args: argparse.Namespace, results: dict[str, ModeResult]) -> di
         "speedup_vs_sequential": {k: base / results[k].wall_s
                                   for k in ("batch_fixed", "batch_auto")},
         "errors": {k: v.errors for k, v in results.items()},
+        "lost": {k: v.lost for k, v in results.items()},
     }
 
 

@@ -11,22 +11,15 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from tests.api.live_server import LiveServer, server_config
-from tests.checkpoints import make_checkpoint
-from tests.tokenizer_files import write_hf_tokenizer
+from tests.live_model import MODEL as MODEL
+from tests.live_model import write_live_model
 
-VOCAB_SIZE = 384
-# Long enough that a generation is still running when a test disconnects or drains.
-MAX_MODEL_LEN = 1024
 MAX_BODY_BYTES = 64 * 1024
-MODEL = "tiny-test"
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = make_checkpoint(tmp_path_factory.mktemp("api-llama"), "llama",
-                           vocab_size=VOCAB_SIZE, max_position_embeddings=MAX_MODEL_LEN)
-    write_hf_tokenizer(path, VOCAB_SIZE)
-    return path
+    return write_live_model(tmp_path_factory.mktemp("api-llama"))
 
 
 @pytest.fixture(scope="session")
