@@ -78,6 +78,8 @@ class RequestState:
         params = self.group.sampling_params
         seqs = sorted(self.group.seqs, key=lambda s: self.seqs[s.seq_id].index)
         ranked = params.best_of > params.n
+        # The sampler skips the sampled token's logprob unless logprobs or ranking need it.
+        tracked = ranked or params.logprobs is not None
         if ranked:
             # best-of results exist only at the end: the n highest cumulative logprobs.
             seqs = sorted(seqs, key=lambda s: s.cumulative_logprob, reverse=True)[:params.n] \
@@ -87,7 +89,7 @@ class RequestState:
                 index=i if ranked else self.seqs[s.seq_id].index,
                 text=s.output_text,
                 token_ids=list(s.output_token_ids),
-                cumulative_logprob=s.cumulative_logprob,
+                cumulative_logprob=s.cumulative_logprob if tracked else None,
                 logprobs=self.seqs[s.seq_id].logprobs,
                 finish_reason=s.finish_reason,
                 stop_reason=s.stop_reason,

@@ -65,6 +65,9 @@ class SamplingMetadata:
     has_unseeded_random: bool
     max_num_logprobs: int
     wants_logprobs: bool  # some row asked for logprobs (0 = the sampled token's alone)
+    # Rows whose sampled token's logprob is needed (logprobs asked, or best_of ranking);
+    # None when every row needs it. The others skip a reduction over the vocabulary.
+    logprob_rows: list[int] | None
 
     @classmethod
     def build(
@@ -115,7 +118,14 @@ class SamplingMetadata:
             ),
             max_num_logprobs=max((row.params.logprobs or 0 for row in rows), default=0),
             wants_logprobs=any(row.params.logprobs is not None for row in rows),
+            logprob_rows=_logprob_rows(rows),
         )
+
+
+def _logprob_rows(rows: Sequence[SamplingRow]) -> list[int] | None:
+    needed = [i for i, row in enumerate(rows)
+              if row.params.logprobs is not None or row.params.best_of > row.params.n]
+    return None if len(needed) == len(rows) else needed
 
 
 class _Columns:

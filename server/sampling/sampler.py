@@ -33,7 +33,9 @@ class SamplerOutput:
     """
 
     sampled_token_ids: torch.Tensor  # long [N]
-    sampled_logprobs: torch.Tensor  # float32 [N], raw-logit logprob of the sampled token
+    # float32 [N], raw-logit logprob of the sampled token; NaN for rows that did not need it
+    # (metadata.logprob_rows)
+    sampled_logprobs: torch.Tensor
     top_logprobs: tuple[torch.Tensor, torch.Tensor] | None  # (ids long [N, k], float32 [N, k])
     sampled_ranks: torch.Tensor | None = None  # long [N], when some row asked for logprobs
 
@@ -55,7 +57,7 @@ class Sampler:
         token_ids = self._sample(apply_penalties_and_biases(logits, metadata), metadata)
         return SamplerOutput(
             sampled_token_ids=token_ids,
-            sampled_logprobs=sampled_logprobs(logits, token_ids),
+            sampled_logprobs=_needed_logprobs(logits, token_ids, metadata.logprob_rows),
             top_logprobs=top_logprobs(logits, metadata.max_num_logprobs),
             sampled_ranks=sampled_ranks(logits, token_ids) if metadata.wants_logprobs else None,
         )
@@ -92,6 +94,17 @@ class Sampler:
                 generator.manual_seed(self._seed)
             self._generators[device] = generator
         return generator
+
+
+def _needed_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                     rows: list[int] | None) -> torch.Tensor:
+    if rows is None:
+        return sampled_logprobs(logits, token_ids)
+    out = torch.full(token_ids.shape, float("nan"), dtype=torch.float32, device=logits.device)
+    if rows:
+        index = torch.tensor(rows, device=logits.device)
+        out[index] = sampled_logprobs(logits.index_select(0, index), token_ids[index])
+    return out
 
 
 def _checked(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:

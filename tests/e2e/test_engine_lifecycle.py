@@ -32,7 +32,8 @@ def test_best_of_returns_the_n_most_likely_samples(llama_case: tuple) -> None:
                           SamplingParams(n=2, best_of=5, seed=1, temperature=1.0,
                                          max_tokens=8))[0]
     every = llm.generate({"prompt_token_ids": prompts[2]},
-                         SamplingParams(n=5, seed=1, temperature=1.0, max_tokens=8))[0]
+                         SamplingParams(n=5, seed=1, temperature=1.0, max_tokens=8,
+                                        logprobs=0))[0]
     ranked = sorted(every.outputs, key=lambda c: c.cumulative_logprob, reverse=True)[:2]
     assert [c.token_ids for c in result.outputs] == [c.token_ids for c in ranked]
     assert [c.index for c in result.outputs] == [0, 1]

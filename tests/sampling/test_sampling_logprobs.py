@@ -37,9 +37,9 @@ def test_top_logprobs_are_the_sorted_log_softmax_of_the_raw_logits() -> None:
 def test_sampled_logprob_ignores_penalties_temperature_and_bias() -> None:
     logits = _logits(2)
     rows = [
-        SamplingRow(SamplingParams(temperature=0.0, logit_bias={7: 100.0}), [1], []),
-        SamplingRow(SamplingParams(temperature=0.3, presence_penalty=2.0, top_p=0.5),
-                    [1], [4, 5], seed=9),
+        SamplingRow(SamplingParams(temperature=0.0, logit_bias={7: 100.0}, logprobs=0), [1], []),
+        SamplingRow(SamplingParams(temperature=0.3, presence_penalty=2.0, top_p=0.5,
+                                   logprobs=0), [1], [4, 5], seed=9),
     ]
     output = Sampler(seed=0)(logits, SamplingMetadata.build(rows, VOCAB, "cpu"))
     assert output.sampled_token_ids[0].item() == 7
@@ -93,3 +93,19 @@ def test_caller_logits_are_left_unmodified() -> None:
     Sampler(seed=0)(logits, metadata)
     Sampler(seed=0).compute_logprobs(logits, metadata)
     assert torch.equal(logits, before)
+
+
+def test_sampled_logprob_only_for_rows_that_need_it() -> None:
+    logits = _logits(3)
+    rows = [
+        SamplingRow(SamplingParams(temperature=0.0), [1], []),
+        SamplingRow(SamplingParams(temperature=0.0, logprobs=0), [1], []),
+        SamplingRow(SamplingParams(temperature=1.0, n=1, best_of=2), [1], [], seed=3),
+    ]
+    metadata = SamplingMetadata.build(rows, VOCAB, "cpu")
+    assert metadata.logprob_rows == [1, 2]
+    output = Sampler(seed=0)(logits, metadata)
+    reference = torch.log_softmax(logits, dim=-1)
+    expected = reference.gather(1, output.sampled_token_ids.unsqueeze(1)).squeeze(1)
+    assert torch.isnan(output.sampled_logprobs[0])
+    torch.testing.assert_close(output.sampled_logprobs[1:], expected[1:], rtol=0, atol=1e-5)
