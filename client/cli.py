@@ -13,8 +13,8 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Coroutine
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, TypeVar
 
 from pagedserve.client.adaptive import AdaptiveConfig
 from pagedserve.client.batch import BatchSummary
@@ -24,37 +24,30 @@ from pagedserve.client.jobs import RunOptions, run_batch_file
 from pagedserve.client.pool_config import FALLBACK_INFLIGHT_TOKENS, PoolConfig
 from pagedserve.client.runner import DEFAULT_MAX_ATTEMPTS, DEFAULT_NUM_WORKERS
 
+N = TypeVar("N", int, float)
+
+
+def _positive(value: str, parse: Callable[[str], N], expected: str) -> N:
+    try:
+        number: N | None = parse(value)
+    except ValueError:
+        number = None
+    # ``not > 0`` rather than ``<= 0`` so that a NaN float is refused too.
+    if number is None or not number > 0:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+    return number
+
 
 def _inflight_tokens(value: str) -> int | Literal["auto"]:
-    if value == "auto":
-        return "auto"
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}")
-    return number
+    return "auto" if value == "auto" else _positive(value, int, "'auto' or a positive integer")
 
 
 def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
-    return number
+    return _positive(value, int, "a positive integer")
 
 
 def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = 0.0
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}")
-    return number
+    return _positive(value, float, "a positive number")
 
 
 def split_base_urls(values: list[str]) -> list[str]:

@@ -8,8 +8,8 @@ default applies.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, overload
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from pagedserve.client.streaming import Stream
 from pagedserve.client.types import (
@@ -28,16 +28,49 @@ CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 
+ResponseT = TypeVar("ResponseT")
+ChunkT = TypeVar("ChunkT")
 
-def _body(fields: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in fields.items() if value is not None}
+
+class _Resource(Generic[ResponseT, ChunkT]):
+    """One endpoint's POST, as a JSON answer or a ``Stream`` of chunks."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        path: str,
+        parse: Callable[[dict[str, Any], Mapping[str, str]], ResponseT],
+        parse_chunk: Callable[[dict[str, Any]], ChunkT],
+    ) -> None:
+        self._client = client
+        self._path = path
+        self._parse = parse
+        self._parse_chunk = parse_chunk
+
+    async def _create(
+        self,
+        fields: Mapping[str, Any],
+        stream: bool,
+        timeout: Timeout | float | None,
+        extra_headers: Mapping[str, str] | None,
+    ) -> ResponseT | Stream[ChunkT]:
+        body = {key: value for key, value in fields.items() if value is not None}
+        if stream:
+            body["stream"] = True
+            return await self._client.open_stream(
+                self._path, body, self._parse_chunk, timeout=timeout, extra_headers=extra_headers
+            )
+        response = await self._client.request_json(
+            "POST", self._path, body, timeout=timeout, extra_headers=extra_headers
+        )
+        return parse_response(self._parse, response.data, response.headers)
 
 
-class Completions:
+class Completions(_Resource[Completion, CompletionChunk]):
     """``POST /v1/completions``."""
 
     def __init__(self, client: AsyncClient) -> None:
-        self._client = client
+        super().__init__(client, COMPLETIONS_PATH, Completion.from_dict, CompletionChunk.from_dict)
 
     @overload
     async def create(
@@ -76,27 +109,17 @@ class Completions:
         extra_headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> Completion | Stream[CompletionChunk]:
-        body = _body({"model": model, "prompt": prompt, "max_tokens": max_tokens, **params})
-        if stream:
-            body["stream"] = True
-            return await self._client.open_stream(
-                COMPLETIONS_PATH,
-                body,
-                CompletionChunk.from_dict,
-                timeout=timeout,
-                extra_headers=extra_headers,
-            )
-        response = await self._client.request_json(
-            "POST", COMPLETIONS_PATH, body, timeout=timeout, extra_headers=extra_headers
-        )
-        return parse_response(Completion.from_dict, response.data, response.headers)
+        fields = {"model": model, "prompt": prompt, "max_tokens": max_tokens, **params}
+        return await self._create(fields, stream, timeout, extra_headers)
 
 
-class ChatCompletions:
+class ChatCompletions(_Resource[ChatCompletion, ChatCompletionChunk]):
     """``POST /v1/chat/completions``."""
 
     def __init__(self, client: AsyncClient) -> None:
-        self._client = client
+        super().__init__(
+            client, CHAT_COMPLETIONS_PATH, ChatCompletion.from_dict, ChatCompletionChunk.from_dict
+        )
 
     @overload
     async def create(
@@ -135,20 +158,8 @@ class ChatCompletions:
         extra_headers: Mapping[str, str] | None = None,
         **params: Any,
     ) -> ChatCompletion | Stream[ChatCompletionChunk]:
-        body = _body({"model": model, "messages": messages, "max_tokens": max_tokens, **params})
-        if stream:
-            body["stream"] = True
-            return await self._client.open_stream(
-                CHAT_COMPLETIONS_PATH,
-                body,
-                ChatCompletionChunk.from_dict,
-                timeout=timeout,
-                extra_headers=extra_headers,
-            )
-        response = await self._client.request_json(
-            "POST", CHAT_COMPLETIONS_PATH, body, timeout=timeout, extra_headers=extra_headers
-        )
-        return parse_response(ChatCompletion.from_dict, response.data, response.headers)
+        fields = {"model": model, "messages": messages, "max_tokens": max_tokens, **params}
+        return await self._create(fields, stream, timeout, extra_headers)
 
 
 class Chat:

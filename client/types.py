@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 from pagedserve.client.errors import APIResponseValidationError
 
 T = TypeVar("T")
+ChoiceParser = Callable[[dict[str, Any]], Any]
 
 
 def parse_response(from_dict: Callable[..., T], data: Any, *args: Any) -> T:
@@ -30,6 +31,40 @@ def _require(data: Any, key: str, what: str) -> Any:
     if not isinstance(data, dict) or key not in data:
         raise APIResponseValidationError(f"{what} has no {key!r} field", body=data)
     return data[key]
+
+
+def _parse_answer(
+    cls: Callable[..., T],
+    data: dict[str, Any],
+    headers: Mapping[str, str] | None,
+    choice: ChoiceParser,
+    what: str,
+) -> T:
+    """A ``Completion`` or ``ChatCompletion``: they differ only in how a choice is parsed."""
+    choices = _require(data, "choices", what)
+    return cls(
+        id=str(data.get("id", "")),
+        model=str(data.get("model", "")),
+        created=int(data.get("created") or 0),
+        choices=[choice(c) for c in choices],
+        usage=Usage.from_dict(data.get("usage")),
+        raw=data,
+        response_headers=CIMultiDict(headers or {}),
+    )
+
+
+def _parse_chunk(
+    cls: Callable[..., T], data: dict[str, Any], choice: ChoiceParser, what: str
+) -> T:
+    """A ``CompletionChunk`` or ``ChatCompletionChunk``; as ``_parse_answer``, less two fields."""
+    choices = [choice(c) for c in _require(data, "choices", what)]
+    return cls(
+        id=str(data.get("id", "")),
+        model=str(data.get("model", "")),
+        choices=choices,
+        usage=Usage.from_dict(data.get("usage")),
+        raw=data,
+    )
 
 
 @dataclass(slots=True, frozen=True)
@@ -164,16 +199,7 @@ class Completion:
     def from_dict(
         cls, data: dict[str, Any], response_headers: Mapping[str, str] | None = None
     ) -> Completion:
-        choices = _require(data, "choices", "completion")
-        return cls(
-            id=str(data.get("id", "")),
-            model=str(data.get("model", "")),
-            created=int(data.get("created") or 0),
-            choices=[CompletionChoice.from_dict(c) for c in choices],
-            usage=Usage.from_dict(data.get("usage")),
-            raw=data,
-            response_headers=CIMultiDict(response_headers or {}),
-        )
+        return _parse_answer(cls, data, response_headers, CompletionChoice.from_dict, "completion")
 
 
 @dataclass(slots=True, frozen=True)
@@ -195,16 +221,7 @@ class ChatCompletion:
     def from_dict(
         cls, data: dict[str, Any], response_headers: Mapping[str, str] | None = None
     ) -> ChatCompletion:
-        choices = _require(data, "choices", "chat completion")
-        return cls(
-            id=str(data.get("id", "")),
-            model=str(data.get("model", "")),
-            created=int(data.get("created") or 0),
-            choices=[ChatChoice.from_dict(c) for c in choices],
-            usage=Usage.from_dict(data.get("usage")),
-            raw=data,
-            response_headers=CIMultiDict(response_headers or {}),
-        )
+        return _parse_answer(cls, data, response_headers, ChatChoice.from_dict, "chat completion")
 
 
 @dataclass(slots=True, frozen=True)
@@ -213,6 +230,15 @@ class CompletionChunkChoice:
     text: str
     finish_reason: str | None
     logprobs: CompletionLogprobs | None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompletionChunkChoice:
+        return cls(
+            index=int(data.get("index", 0)),
+            text=data.get("text") or "",
+            finish_reason=data.get("finish_reason"),
+            logprobs=CompletionLogprobs.from_dict(data.get("logprobs")),
+        )
 
 
 @dataclass(slots=True, frozen=True)
@@ -227,22 +253,7 @@ class CompletionChunk:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CompletionChunk:
-        choices = [
-            CompletionChunkChoice(
-                index=int(c.get("index", 0)),
-                text=c.get("text") or "",
-                finish_reason=c.get("finish_reason"),
-                logprobs=CompletionLogprobs.from_dict(c.get("logprobs")),
-            )
-            for c in _require(data, "choices", "completion chunk")
-        ]
-        return cls(
-            id=str(data.get("id", "")),
-            model=str(data.get("model", "")),
-            choices=choices,
-            usage=Usage.from_dict(data.get("usage")),
-            raw=data,
-        )
+        return _parse_chunk(cls, data, CompletionChunkChoice.from_dict, "completion chunk")
 
 
 @dataclass(slots=True, frozen=True)
@@ -258,6 +269,16 @@ class ChatChunkChoice:
     finish_reason: str | None
     logprobs: list[TokenLogprob] | None
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChatChunkChoice:
+        delta = data.get("delta") or {}
+        return cls(
+            index=int(data.get("index", 0)),
+            delta=ChatDelta(role=delta.get("role"), content=delta.get("content")),
+            finish_reason=data.get("finish_reason"),
+            logprobs=_chat_logprobs(data.get("logprobs")),
+        )
+
 
 @dataclass(slots=True, frozen=True)
 class ChatCompletionChunk:
@@ -271,24 +292,7 @@ class ChatCompletionChunk:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChatCompletionChunk:
-        choices = []
-        for c in _require(data, "choices", "chat completion chunk"):
-            delta = c.get("delta") or {}
-            choices.append(
-                ChatChunkChoice(
-                    index=int(c.get("index", 0)),
-                    delta=ChatDelta(role=delta.get("role"), content=delta.get("content")),
-                    finish_reason=c.get("finish_reason"),
-                    logprobs=_chat_logprobs(c.get("logprobs")),
-                )
-            )
-        return cls(
-            id=str(data.get("id", "")),
-            model=str(data.get("model", "")),
-            choices=choices,
-            usage=Usage.from_dict(data.get("usage")),
-            raw=data,
-        )
+        return _parse_chunk(cls, data, ChatChunkChoice.from_dict, "chat completion chunk")
 
 
 @dataclass(slots=True, frozen=True)
