@@ -1,11 +1,12 @@
 """Prompts of exact token lengths, measured with the tokenizer the run counts with.
 
 A prompt is a run of common English words, each a single ``cl100k_base`` token with its
-leading space. Before building, a fixed sample of those words is counted one by one with the
-run's tokenizer and only the words at the most common count are kept: for cl100k_base all of
-them, for another tokenizer the ones it also keeps whole. A prompt of k kept words is then k
-tokens plus whatever the tokenizer adds (a BOS token), and the last adjustment is made by
-counting whole prompts and adding or dropping words at the tail until the count is exact.
+leading space. Before building, a fixed sample of those words is counted with the run's
+tokenizer, once and repeated, and only the words that cost one token are kept: for
+cl100k_base all of them, for another tokenizer the ones it also keeps whole. A prompt of k
+kept words is then k tokens plus whatever the tokenizer adds (a BOS token), and the last
+adjustment is made by counting whole prompts and adding or dropping words at the tail until
+the count is exact.
 """
 
 from __future__ import annotations
@@ -51,17 +52,26 @@ class PromptBuilder:
         self._vocab: tuple[str, ...] = ()
 
     async def _ensure_vocab(self) -> None:
-        """Keeps the probe words that cost the tokenizer the most common number of tokens."""
+        """Keeps the probe words the tokenizer reads as one token each: a word is kept when
+        repeating it adds exactly one token (whatever the tokenizer adds to every prompt, a
+        BOS say, cancels out). Refuses a tokenizer that splits nearly all of them, since
+        whole-word prompts could then not hit every length exactly."""
         if self._vocab:
             return
         words = word_vocabulary()
         # A fixed probe sample, so the vocabulary does not depend on the dataset's seed.
         picks = np.random.default_rng(0).choice(len(words), size=PROBE_WORDS, replace=False)
         probe = [words[i] for i in sorted(picks)]
-        counts = await self._counter.count(probe)
-        common = Counter(counts).most_common(1)[0][0]
-        kept = tuple(w for w, c in zip(probe, counts, strict=True) if c == common)
-        self._vocab = kept if len(kept) >= MIN_KEPT_WORDS else tuple(probe)
+        counts = await self._counter.count(probe + [w + w for w in probe])
+        costs = [twice - once for once, twice in zip(counts[:len(probe)], counts[len(probe):])]
+        kept = tuple(w for w, cost in zip(probe, costs, strict=True) if cost == 1)
+        if len(kept) < MIN_KEPT_WORDS:
+            raise DatasetError(
+                f"tokenizer {self._counter.name!r} splits common English words: only "
+                f"{len(kept)} of {len(probe)} probe words are single tokens (most cost "
+                f"{Counter(costs).most_common(1)[0][0]}), too few to build prompts of exact "
+                f"lengths; count with a tiktoken encoding instead (--tokenizer cl100k_base)")
+        self._vocab = kept
 
     async def build(self, targets: Sequence[int], prefixes: Sequence[str] | None = None,
                     prefix_tokens: Sequence[int] | None = None) -> list[str]:

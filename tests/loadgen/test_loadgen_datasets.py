@@ -194,3 +194,22 @@ def test_length_range_is_vllms_with_float_artefacts_removed() -> None:
     assert length_range(100, 0.0) == (100, 100)
     assert length_range(10, 0.9) == (1, 19)
     assert length_range(7, 0.5) == (3, 11)
+
+
+class _CharacterCounter:
+    """A tokenizer with almost no merges: a word costs one token per two letters, plus BOS."""
+
+    name = "characters"
+
+    async def count(self, texts: list[str]) -> list[int]:
+        return [1 + sum((len(word) + 1) // 2 for word in text.split()) for text in texts]
+
+
+async def test_a_tokenizer_that_splits_nearly_every_word_is_refused_clearly() -> None:
+    spec = DatasetSpec(name="random", random_input_len=32, random_output_len=4)
+    with pytest.raises(DatasetError) as info:
+        await load_dataset(spec, 4, _CharacterCounter())
+    message = str(info.value)
+    assert message.startswith("tokenizer 'characters' splits common English words: only 0 of "
+                              "1024 probe words are single tokens (most cost ")
+    assert message.endswith("count with a tiktoken encoding instead (--tokenizer cl100k_base)")
