@@ -50,10 +50,9 @@ class Sequence:
     """
 
     __slots__ = (
-        "block_hashes", "block_size", "block_table", "cumulative_logprob", "detokenizer",
-        "finish_reason", "num_cached_tokens", "num_computed_tokens", "num_registered_blocks",
-        "output_logprobs", "output_text", "output_token_ids", "prompt_token_ids", "seq_id",
-        "status", "stop_reason", "token_ids",
+        "block_hashes", "block_size", "block_table", "cumulative_logprob", "finish_reason",
+        "num_cached_tokens", "num_computed_tokens", "num_registered_blocks", "output_text",
+        "output_token_ids", "prompt_token_ids", "seq_id", "status", "stop_reason", "token_ids",
     )
 
     def __init__(self, seq_id: int, prompt_token_ids: Iterable[int], block_size: int) -> None:
@@ -68,16 +67,12 @@ class Sequence:
         self.block_hashes: list[BlockHash] = []
         # How many leading blocks of block_table were offered to the prefix cache.
         self.num_registered_blocks = 0
+        # Per-token logprobs and detokenizer state live with the engine's per-request state.
         self.cumulative_logprob = 0.0
-        # One dict per output token: token id -> logprob, the sampled token always included.
-        self.output_logprobs: list[dict[int, float]] = []
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.output_text = ""
-        # Engine-owned incremental detokenizer state; fork() deep-copies it, so keep the
-        # tokenizer itself out of it.
-        self.detokenizer: object | None = None
 
     def __repr__(self) -> str:
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
@@ -107,16 +102,11 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
-    def append_token(
-        self, token_id: int, logprob: float, top_logprobs: dict[int, float] | None = None
-    ) -> None:
-        """Append a sampled token; ``top_logprobs`` are the alternatives the request asked for."""
+    def append_token(self, token_id: int, logprob: float) -> None:
+        """Append a sampled token and add its logprob to the running sum."""
         self.output_token_ids.append(token_id)
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
-        entry = dict(top_logprobs) if top_logprobs else {}
-        entry[token_id] = logprob
-        self.output_logprobs.append(entry)
 
     def fork(self, new_seq_id: int) -> Sequence:
         """A copy under a new id with the same block table; the caller fixes ref counts."""
@@ -127,8 +117,6 @@ class Sequence:
         child.token_ids = list(self.token_ids)
         child.block_table = list(self.block_table)
         child.block_hashes = list(self.block_hashes)
-        child.output_logprobs = [dict(entry) for entry in self.output_logprobs]
-        child.detokenizer = copy.deepcopy(self.detokenizer)
         return child
 
     def reset_for_recompute(self) -> None:

@@ -16,33 +16,28 @@ def test_statuses() -> None:
         None, None, None, "stop", "length", "abort", "length"]
 
 
-def test_append_token_tracks_tokens_and_logprobs() -> None:
+def test_append_token_tracks_tokens_and_cumulative_logprob() -> None:
     seq = Sequence(3, [5, 6], block_size=4)
     seq.append_token(7, -0.25)
-    seq.append_token(8, -1.0, {9: -0.5, 8: -1.0})
+    seq.append_token(8, -1.0)
     assert seq.token_ids == [5, 6, 7, 8] and seq.output_token_ids == [7, 8]
     assert (seq.num_tokens, seq.num_prompt_tokens, seq.num_output_tokens) == (4, 2, 2)
     assert seq.last_token_id == 8 and seq.cumulative_logprob == -1.25
-    assert seq.output_logprobs == [{7: -0.25}, {9: -0.5, 8: -1.0}]
     assert seq.prompt_token_ids == [5, 6]
 
 
 def test_fork_copies_everything_mutable() -> None:
     parent = Sequence(0, [1, 2, 3], block_size=4)
-    parent.append_token(4, -0.5, {4: -0.5, 5: -1.5})
+    parent.append_token(4, -0.5)
     parent.block_table = [7]
     parent.num_computed_tokens = 4
-    parent.detokenizer = {"offset": [1]}
     child = parent.fork(9)
     child.append_token(6, -2.0)
     child.block_table.append(8)
-    child.output_logprobs[0][99] = 0.0
-    child.detokenizer["offset"].append(2)  # type: ignore[index]
     assert child.seq_id == 9 and child.num_computed_tokens == 4
     assert parent.token_ids == [1, 2, 3, 4] and child.token_ids == [1, 2, 3, 4, 6]
     assert parent.block_table == [7] and child.block_table == [7, 8]
-    assert parent.output_logprobs == [{4: -0.5, 5: -1.5}]
-    assert parent.detokenizer == {"offset": [1]}
+    assert parent.output_token_ids == [4] and child.output_token_ids == [4, 6]
     assert child.cumulative_logprob == -2.5 and parent.cumulative_logprob == -0.5
 
 
