@@ -15,6 +15,7 @@ from pagedserve.server.engine.errors import (
     InvalidRequestError,
     QueueFullError,
 )
+from pagedserve.server.engine.integrity import check_scheduler_integrity
 from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.stats import PreemptionStats, SchedulerStats, TokenOccupancy
@@ -375,30 +376,4 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the queues, statuses and block pools agree."""
-        device_seqs = _live_seqs(self.running, RUNNING)
-        cpu_seqs = _live_seqs(self.swapped, SWAPPED)
-        waiting_seqs = _live_seqs(self.waiting, WAITING)
-        if any(seq.block_table for seq in waiting_seqs):
-            raise AssertionError("a waiting sequence holds blocks")
-        queued = [group for queue in (self.waiting, self.running, self.swapped)
-                  for group in queue]
-        if sorted(g.request_id for g in queued) != sorted(self._groups):
-            raise AssertionError("the queues and the live requests disagree")
-        for queue in (self.waiting, self.running, self.swapped):
-            orders = [self._arrival_order[group.request_id] for group in queue]
-            if orders != sorted(orders):
-                raise AssertionError("a queue is out of arrival order")
-        if self._num_running_seqs() > self.config.max_num_seqs:
-            raise AssertionError("more running sequences than max_num_seqs")
-        self.block_manager.check_integrity(device_seqs, cpu_seqs)
-
-
-def _live_seqs(queue: list[SequenceGroup], status: SequenceStatus) -> list[Sequence]:
-    seqs = []
-    for seq_group in queue:
-        for seq in seq_group.get_unfinished_seqs():
-            if seq.status is not status:
-                raise AssertionError(
-                    f"sequence {seq.seq_id} is {seq.status.name} in a {status.name} queue")
-            seqs.append(seq)
-    return seqs
+        check_scheduler_integrity(self)
