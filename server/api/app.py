@@ -82,6 +82,7 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
 
     engine_args = app[CONFIG_KEY].engine_args
     engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args)
+    engine.add_step_observer(app[METRICS_KEY].observe_step)
     await engine.start()
     app[ENGINE_KEY] = engine
     app[STARTED_KEY] = int(time.time())

@@ -20,12 +20,15 @@ from pagedserve.server.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import EngineStats
+    from pagedserve.server.engine.metrics import StepStats
 
 PREFIX = "pagedserve:"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                     20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 _TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
                       0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
+_STEP_PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                       0.25, 0.5, 1.0, 2.5)
 
 # (name, help, EngineStats attribute)
 _GAUGES = (
@@ -92,12 +95,23 @@ class ServerMetrics:
                                         "First scheduled to first token.")
         self._decode = self._histogram("request_decode_time_seconds",
                                        "First token to last token.")
+        self._step_phase = Histogram(
+            PREFIX + "step_phase_seconds",
+            "Wall time of one engine step's phase: schedule, prepare, forward, sample, output.",
+            ["model_name", "phase"], registry=self.registry, buckets=_STEP_PHASE_BUCKETS,
+        )
 
     def _histogram(self, name: str, doc: str,
                    buckets: tuple[float, ...] = _LATENCY_BUCKETS) -> Histogram:
         histogram = Histogram(PREFIX + name, doc, ["model_name"], registry=self.registry,
                               buckets=buckets)
         return histogram.labels(self._model_name)
+
+    # -- step-time breakdown (pagedserve's own; vLLM has no equivalent) --------------------
+    def observe_step(self, stats: StepStats) -> None:
+        """Engine-thread observer: one observation per phase of the step."""
+        for phase, seconds in stats.phase_seconds.items():
+            self._step_phase.labels(self._model_name, phase).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

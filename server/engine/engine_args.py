@@ -67,7 +67,10 @@ class EngineArgs:
                        choices=["auto", "float32", "bfloat16", "float16"])
         g.add_argument("--seed", type=int, default=0)
         g.add_argument("--device", default="cpu")
-        g.add_argument("--kernel-backend", default=None, choices=["auto", "torch", "triton"])
+        g.add_argument("--kernel-backend", default=None,
+                       choices=["auto", "torch", "triton", "inductor"],
+                       help="auto: triton on CUDA, inductor-compiled attention on CPU (compiled "
+                            "at start-up), torch: the uncompiled reference")
         g.add_argument("--skip-tokenizer-init", action="store_true",
                        help="load no tokenizer: prompts must be token ids, no text output")
         g.add_argument("--block-size", type=int, default=16)

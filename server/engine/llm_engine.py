@@ -25,6 +25,8 @@ from pagedserve.server.engine.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.step_timing import StepTimer
+from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.tiny import resolve_model
 from pagedserve.server.sampling.sampler import Sampler
@@ -36,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
+        started = time.perf_counter()
         self.args = args
         torch.manual_seed(args.seed)
         self.model_dir = resolve_model(args.model)
@@ -61,6 +64,11 @@ class LLMEngine:
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
                                        self.model_config.vocab_size, self._eos_token_id())
+        self.compile_seconds = warm_up_attention(self.model, self.cache_config.block_size,
+                                                 self.model.dtype)
+        self.startup_seconds = time.perf_counter() - started
+        logger.info("engine ready in %.1f s (kernel compilation %.1f s; --kernel-backend torch "
+                    "skips it)", self.startup_seconds, self.compile_seconds)
         self._seq_ids = itertools.count()
         self._observers: list[Callable[[StepStats], None]] = []
         self.prompt_tokens_total = 0
@@ -170,34 +178,38 @@ class LLMEngine:
         self._observers.append(observer)
 
     def step(self) -> list[RequestOutput]:
-        start = time.perf_counter()
+        timer = StepTimer()
         out = self.scheduler.schedule()
         if out.is_empty:
             self.outputs.finish_ignored(out.ignored_seq_groups)
             return self.outputs.collect()
-        hidden, starts = self.runner.execute(out)
+        timer.mark("schedule")
+        hidden, starts = self.runner.execute(out, timer)
         self.scheduler.update_after_step(out)
         plan = self.outputs.plan_sampling(out, starts)
         rows = plan.logit_rows()
         if rows:
             logits = self.runner.compute_logits(hidden, rows)
+            timer.mark("forward")
             self.outputs.apply(plan, logits, self.sampler, self.new_seq_id)
+        timer.mark("sample")
         self.outputs.finish_ignored(out.ignored_seq_groups)
         results = self.outputs.collect()
         prompt_tokens = _prompt_tokens_computed(out)
         self.prompt_tokens_total += prompt_tokens
         self.generation_tokens_total += plan.num_sampled
+        timer.mark("output")
         if self._observers:
-            self._notify(out, prompt_tokens, plan.num_sampled, time.perf_counter() - start,
-                         results)
+            self._notify(out, prompt_tokens, plan.num_sampled, timer, results)
         return results
 
     def _notify(self, out: SchedulerOutput, prompt_tokens: int, num_sampled: int,
-                duration: float, results: list[RequestOutput]) -> None:
+                timer: StepTimer, results: list[RequestOutput]) -> None:
         stats = StepStats(
             num_prefill_tokens=prompt_tokens,
             num_decode_tokens=num_sampled,
-            duration_s=duration,
+            duration_s=timer.elapsed,
+            phase_seconds=timer.phases,
             num_preempted=len(out.preempted),
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
