@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
+# Bump when the recipe changes, so an old directory is rebuilt rather than reused.
+RECIPE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -31,13 +33,19 @@ class PeerModelShape:
 
 
 def _corpus(seed: int, num_words: int = 60_000) -> list[str]:
-    """Lines of pseudo-words: enough distinct letter pairs for thousands of BPE merges."""
+    """Common English words, repeated until BPE keeps each as one token (``pagedserve bench``
+    builds prompts from such words), then pseudo-words: enough distinct letter pairs for the
+    rest of the vocabulary's merges."""
+    from pagedserve.loadgen.prompts import word_vocabulary
+
     rng = random.Random(seed)
+    english = [w.strip() for w in word_vocabulary()[:2500]]
+    lines = [" ".join(rng.choices(english, k=16)) for _ in range(4 * len(english))]
     letters = "etaoinshrdlucmfwypvbgkqjxz"
     weights = [26 - i for i in range(26)]
     words = ["".join(rng.choices(letters, weights, k=rng.randint(2, 9)))
              for _ in range(num_words)]
-    return [" ".join(words[i : i + 16]) for i in range(0, num_words, 16)]
+    return lines + [" ".join(words[i : i + 16]) for i in range(0, num_words, 16)]
 
 
 def write_tokenizer(model_dir: Path, vocab_size: int, seed: int = 0) -> None:
@@ -71,7 +79,8 @@ def build_peer_model(model_dir: str | Path, shape: PeerModelShape | None = None,
     shape = shape or PeerModelShape()
     model_dir = Path(model_dir)
     marker = model_dir / "peer_model.json"
-    wanted = json.dumps(shape.__dict__ | {"seed": seed}, sort_keys=True)
+    wanted = json.dumps(shape.__dict__ | {"seed": seed, "recipe": RECIPE_VERSION},
+                        sort_keys=True)
     if marker.exists() and marker.read_text() == wanted:
         return model_dir
     model_dir.mkdir(parents=True, exist_ok=True)

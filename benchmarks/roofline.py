@@ -139,7 +139,11 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads (default: torch's, one per core)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model_dir = Path(args.model) if args.model else build_peer_model(
         Path(tempfile.gettempdir()) / "vs_peers" / "model")

@@ -174,7 +174,7 @@ def vllm_bench(vllm: Path, base_url: str, model: Path, w: Workload, out: Path) -
 
 def pagedserve_bench(base_url: str, model: Path, w: Workload, out: Path) -> dict:
     command = [PAGEDSERVE, "bench", "--base-url", base_url,
-               "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random",
+               "--model", str(model), "--tokenizer", "server", "--dataset-name", "random",
                "--random-input-len", str(w.input_len), "--random-output-len",
                str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
                str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",

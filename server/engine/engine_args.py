@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+import os
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
@@ -17,6 +18,7 @@ class EngineArgs:
     seed: int = 0
     device: str = "cpu"
     kernel_backend: str | None = None
+    cpu_threads: int | None = None
     skip_tokenizer_init: bool = False
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -49,6 +51,15 @@ class EngineArgs:
             max_waiting_requests=self.max_waiting_requests,
         )
 
+    def for_server(self) -> EngineArgs:
+        """These arguments as the HTTP server runs them: on the CPU, without an explicit
+        ``cpu_threads``, every core but one computes and the event loop keeps the last (two
+        runnable compute threads beside a busy event loop on two cores stall each other at
+        every parallel region)."""
+        if self.cpu_threads is not None or self.device.split(":")[0] != "cpu":
+            return self
+        return replace(self, cpu_threads=max(1, (os.cpu_count() or 1) - 1))
+
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineArgs:
         known = {f.name for f in fields(cls)}
@@ -71,6 +82,10 @@ class EngineArgs:
                        choices=["auto", "torch", "triton", "inductor"],
                        help="auto: triton on CUDA, inductor-compiled attention on CPU (compiled "
                             "at start-up), torch: the uncompiled reference")
+        g.add_argument("--cpu-threads", type=int, default=None,
+                       help="torch intra-op threads on the CPU (default: one per core offline; "
+                            "under 'pagedserve serve' one per core but one, which the HTTP "
+                            "event loop keeps, as vLLM's CPU engine does)")
         g.add_argument("--skip-tokenizer-init", action="store_true",
                        help="load no tokenizer: prompts must be token ids, no text output")
         g.add_argument("--block-size", type=int, default=16)

@@ -41,6 +41,10 @@ class LLMEngine:
         started = time.perf_counter()
         self.args = args
         torch.manual_seed(args.seed)
+        if args.cpu_threads is not None:
+            if args.cpu_threads < 1:
+                raise ValueError(f"cpu_threads must be at least 1, got {args.cpu_threads}")
+            torch.set_num_threads(args.cpu_threads)
         self.model_dir = resolve_model(args.model)
         self.device = torch.device(args.device)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
