@@ -81,8 +81,11 @@ class Server:
 
     def start(self) -> subprocess.Popen:
         with self.log.open("ab") as log:
+            # Run from the work directory: from this repository's root, ``import kernels``
+            # (which transformers tries) would find this project's kernels/ folder.
             return subprocess.Popen(self.command, env={**os.environ, **self.env}, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=self.log.parent)
 
 
 def free_port() -> int:
@@ -151,7 +154,7 @@ def convert_to_gguf(llama_binary: Path, model: Path, out: Path) -> Path:
     if out.exists():
         return out
     subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(model), "--outtype",
-                    "f32", "--outfile", str(out)], check=True, capture_output=True,
+                    "f32", "--outfile", str(out)], check=True, capture_output=True, cwd=out.parent,
                    env={**os.environ, "PYTHONPATH": str(src / "gguf-py")})
     return out
 
@@ -187,7 +190,7 @@ def _run_client(command: list[str], env: dict[str, str], out: Path) -> None:
     log = out.with_suffix(".log")
     with log.open("wb") as sink:
         done = subprocess.run(command, env={**os.environ, **env}, stdout=sink,
-                              stderr=subprocess.STDOUT)
+                              stderr=subprocess.STDOUT, cwd=out.parent)
     if done.returncode != 0 or not out.exists():
         tail = log.read_text(errors="replace")[-1500:]
         raise RuntimeError(f"client exited with {done.returncode}:\n{tail}")
@@ -254,9 +257,9 @@ def main() -> None:
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     args = parser.parse_args()
 
-    work = Path(args.work_dir)
+    work = Path(args.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model) if args.model else build_peer_model(work / "model")
+    model = Path(args.model).resolve() if args.model else build_peer_model(work / "model")
     workloads = [w for w in WORKLOADS if not args.only or w.name in args.only.split(",")]
     workloads = quick(workloads) if args.quick else workloads
     kv_tokens = kv_budget_tokens(model, args.kv_gib)
