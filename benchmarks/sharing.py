@@ -48,7 +48,7 @@ from kv_sim import (
     synthetic_prompt,
 )
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from pagedserve.server.engine.errors import (
+from pagedserve.server.errors import (
     EngineDeadError,
     InvalidRequestError,
     QueueFullError,

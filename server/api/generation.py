@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine

@@ -23,7 +23,7 @@ from pagedserve.server.api.serving_common import (
 )
 from pagedserve.server.api.sse import stream_events
 from pagedserve.server.engine.outputs import PositionLogprobs
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"

@@ -17,7 +17,7 @@ from pagedserve.server.api.errors import invalid_request, model_not_found
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.state import BATCHES_KEY, ENGINE_KEY, METRICS_KEY, MODEL_NAMES_KEY
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine

@@ -28,7 +28,7 @@ from pagedserve.server.api.serving_common import (
 )
 from pagedserve.server.api.sse import stream_events
 from pagedserve.server.engine.outputs import Logprob, PositionLogprobs, RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 
 OBJECT = "text_completion"

@@ -12,7 +12,7 @@ from pagedserve.server.api.protocol_tokenize import (
 )
 from pagedserve.server.api.serving_chat import encode_chat
 from pagedserve.server.api.serving_common import Serving
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 
 async def tokenize(request: web.Request) -> web.Response:

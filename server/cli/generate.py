@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pagedserve.server.engine.errors import PagedServeError
-    from pagedserve.server.engine.sampling_params import SamplingParams
+    from pagedserve.server.errors import PagedServeError
+    from pagedserve.server.sampling_params import SamplingParams
     from pagedserve.server.llm import LLM
 
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]

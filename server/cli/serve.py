@@ -26,7 +26,7 @@ from pagedserve.server.api.config import (
 )
 from pagedserve.server.api.shutdown import drain
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.engine.errors import PagedServeError
+from pagedserve.server.errors import PagedServeError
 
 logger = logging.getLogger("pagedserve.serve")
 

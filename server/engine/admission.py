@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagedserve.server.engine.block_manager import BlockManager
 from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.engine.sequence import SequenceGroup
 
 

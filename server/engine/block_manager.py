@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from pagedserve.server.engine.block_pool import BlockPool
 from pagedserve.server.engine.config import CacheConfig
-from pagedserve.server.engine.errors import BlockAllocationError
+from pagedserve.server.errors import BlockAllocationError
 from pagedserve.server.engine.kv_allocation import (
     KVAllocationPolicy,
     PagedAllocation,

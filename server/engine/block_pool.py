@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pagedserve.server.engine.block import FreeBlockQueue, KVCacheBlock
-from pagedserve.server.engine.errors import BlockAllocationError
+from pagedserve.server.errors import BlockAllocationError
 from pagedserve.server.engine.prefix_cache import BlockHash
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedserve.server.engine.beam_search import BeamContinuation, BeamState
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.engine.outputs import (
     Logprob,
     PositionLogprobs,
@@ -23,7 +23,7 @@ from pagedserve.server.engine.outputs import (
 )
 from pagedserve.server.engine.prompt_logprobs import PromptChunk, prompt_logprobs
 from pagedserve.server.engine.request_state import RequestState
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pagedserve.server.engine.admission import check_admissible
 from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.errors import (
+from pagedserve.server.errors import (
     BlockAllocationError,
     InvalidRequestError,
     QueueFullError,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 from pagedserve.server.engine.outputs import RequestMetrics
 from pagedserve.server.engine.prefix_cache import BlockHash
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 

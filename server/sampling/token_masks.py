@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.sampling.penalties import bad_words_banned_ids, min_tokens_banned_ids
 
 if TYPE_CHECKING:

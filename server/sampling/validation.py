@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedserve.server.engine.errors import InvalidRequestError
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.sampling.penalties import min_tokens_banned_ids
 
 

@@ -37,7 +37,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
 
 DEFAULT_CHAT_TEMPLATE = (

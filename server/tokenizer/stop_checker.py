@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 
 class StopChecker:

@@ -8,7 +8,7 @@ wrong swap mapping or bad prefix hit shows up as a wrong token.
 
 from __future__ import annotations
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus

@@ -4,7 +4,7 @@ import pytest
 from engine_fakes import FakeRunner, make_group
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.errors import InvalidRequestError, QueueFullError
+from pagedserve.server.errors import InvalidRequestError, QueueFullError
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import SequenceGroup, SequenceStatus

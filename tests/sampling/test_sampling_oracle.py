@@ -14,7 +14,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
 
 VOCAB = 64

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
 
 VOCAB = 16

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.sampling import check_stop_token
 
 EOS = 2

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer import IncrementalDetokenizer, Tokenizer
 
 HF_VOCAB = 384

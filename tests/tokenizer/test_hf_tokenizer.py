@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.hf import HFTokenizer
 from tests.tokenizer_files import write_hf_tokenizer
