@@ -8,9 +8,9 @@ from dataclasses import dataclass, replace
 from typing import Any, TypedDict
 
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
 
 

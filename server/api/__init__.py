@@ -11,7 +11,7 @@ Routes:
 - ``GET /health`` (200 while the engine loop runs, 503 otherwise or while draining),
   ``GET /metrics`` (Prometheus, ``pagedserve:`` names), ``GET /version``, ``GET /load``.
 
-Every response carries the load-hint headers of ``pagedserve.client.load_hints``. Errors
+Every response carries the load-hint headers of ``pagedserve.common.load_hints``. Errors
 have OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
 """
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from pagedserve.client.load_hints import LoadHints
+from pagedserve.common.load_hints import LoadHints
 from pagedserve.server.api.jsonio import json_response
 from pagedserve.server.api.state import ENGINE_KEY
 

@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pagedserve.server.errors import PagedServeError
-    from pagedserve.server.sampling_params import SamplingParams
     from pagedserve.server.llm import LLM
+    from pagedserve.server.sampling_params import SamplingParams
 
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:

@@ -16,10 +16,10 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.errors import EngineDeadError, QueueFullError
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.errors import EngineDeadError, QueueFullError
 from pagedserve.server.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

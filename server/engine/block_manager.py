@@ -14,7 +14,6 @@ from collections.abc import Iterable
 
 from pagedserve.server.engine.block_pool import BlockPool
 from pagedserve.server.engine.config import CacheConfig
-from pagedserve.server.errors import BlockAllocationError
 from pagedserve.server.engine.kv_allocation import (
     KVAllocationPolicy,
     PagedAllocation,
@@ -28,6 +27,7 @@ from pagedserve.server.engine.prefix_cache import (
 )
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.stats import KVCacheUsage, PoolUsage
+from pagedserve.server.errors import BlockAllocationError
 
 BlockMapping = list[tuple[int, int]]
 

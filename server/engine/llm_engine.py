@@ -15,20 +15,20 @@ from dataclasses import replace
 import torch
 
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.tiny import resolve_model
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)

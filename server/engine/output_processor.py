@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import torch
 
 from pagedserve.server.engine.beam_search import BeamContinuation, BeamState
-from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.engine.outputs import (
     Logprob,
     PositionLogprobs,
@@ -23,13 +22,14 @@ from pagedserve.server.engine.outputs import (
 )
 from pagedserve.server.engine.prompt_logprobs import PromptChunk, prompt_logprobs
 from pagedserve.server.engine.request_state import RequestState
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling.metadata import SamplingMetadata, SamplingRow
 from pagedserve.server.sampling.sampler import Sampler, SamplerOutput
 from pagedserve.server.sampling.stopping import check_stop_token
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 
 _STATUS_BY_REASON = {

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from pagedserve.server.engine.admission import check_admissible
 from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.errors import (
-    BlockAllocationError,
-    InvalidRequestError,
-    QueueFullError,
-)
 from pagedserve.server.engine.integrity import check_scheduler_integrity
 from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.stats import PreemptionStats, SchedulerStats, TokenOccupancy
 from pagedserve.server.engine.token_budget import TokenBudget
+from pagedserve.server.errors import (
+    BlockAllocationError,
+    InvalidRequestError,
+    QueueFullError,
+)
 
 RUNNING = SequenceStatus.RUNNING
 SWAPPED = SequenceStatus.SWAPPED

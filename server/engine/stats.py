@@ -106,7 +106,7 @@ class PreemptionStats:
 
 @dataclass(slots=True, frozen=True)
 class SchedulerStats:
-    """A snapshot for /metrics and the load hints (names match ``client.load_hints``)."""
+    """A snapshot for /metrics and the load hints (names match ``pagedserve.common.load_hints``)."""
 
     num_waiting: int
     num_running: int

@@ -2,7 +2,7 @@
 
 ``tiktoken.json`` holds ``{"encoding": "cl100k_base", "eos_token": "<|endoftext|>"}`` and may
 add ``bos_token`` (prepended when encoding with special tokens) and ``chat_template``. The
-encoding loads offline through ``pagedserve.client.encoding``, so client, load generator and
+encoding loads offline through ``pagedserve.common.encoding``, so client, load generator and
 server count the same tokens.
 
 Special-token text in the input (``<|endoftext|>``) is encoded as ordinary text unless the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import tiktoken
 
-from pagedserve.client.encoding import load_encoding
+from pagedserve.common.encoding import load_encoding
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer.base import Tokenizer, TokenizerLoadError
 from pagedserve.server.tokenizer.chat_template import checked_chat_template

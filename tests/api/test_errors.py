@@ -11,7 +11,7 @@ import orjson
 import pytest
 from openai import AsyncOpenAI
 
-from pagedserve.client.load_hints import LoadHints
+from pagedserve.common.load_hints import LoadHints
 from tests.api.conftest import MAX_BODY_BYTES, MODEL
 from tests.api.live_server import LiveServer
 

@@ -8,10 +8,10 @@ wrong swap mapping or bad prefix hit shows up as a wrong token.
 
 from __future__ import annotations
 
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.sampling_params import SamplingParams
 
 
 def make_group(request_id: str, prompt: list[int], seq_id: int, block_size: int, *,

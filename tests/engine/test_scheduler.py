@@ -4,10 +4,10 @@ import pytest
 from engine_fakes import FakeRunner, make_group
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.errors import InvalidRequestError, QueueFullError
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import SequenceGroup, SequenceStatus
+from pagedserve.server.errors import InvalidRequestError, QueueFullError
 
 BS = 4
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.server.engine.kv_allocation import ContiguousAllocation, PagedAllocation
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.stats import PreemptionStats, TokenOccupancy
+from pagedserve.server.sampling_params import SamplingParams
 
 
 def test_statuses() -> None:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow, validate_token_ids
+from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 10
 
