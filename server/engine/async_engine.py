@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Callable
 
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.errors import EngineDeadError, QueueFullError
+from pagedserve.server.engine.stats import EngineStats, StepStats
+from pagedserve.server.errors import EngineDeadError
 from pagedserve.server.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -109,12 +109,8 @@ class AsyncEngine:
         returns the request's stream; the loop thread admits it before its next step."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
-        if params.max_tokens is None:
-            params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         self.engine.check_request(prompt_token_ids, params)
-        limit = self.engine.scheduler_config.max_waiting_requests
-        if limit is not None and self.engine.scheduler.num_waiting + self._inbox.qsize() >= limit:
-            raise QueueFullError(f"the waiting queue is full ({limit} requests)")
+        self.engine.scheduler.check_queue_room(num_arriving=self._inbox.qsize())
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream
         self._inbox.put(("add", request_id, list(prompt_token_ids), params, prompt, cache_salt,

@@ -6,7 +6,6 @@ around it (offline ``LLM`` or the server's ``AsyncEngine``) decides when to call
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -16,13 +15,13 @@ import torch
 
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.outputs import RequestOutput
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.stats import EngineStats, StepStats
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.tiny import resolve_model
@@ -58,10 +57,9 @@ class LLMEngine:
         )
         self.runner = ModelRunner(self.model, self.kv_cache, self.cache_config.block_size,
                                   self.device)
-        self.sampler = Sampler()
+        self.sampler = Sampler(seed=args.seed)
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
                                        self.model_config.vocab_size, self._eos_token_id())
-        self._seq_ids = itertools.count()
         self._observers: list[Callable[[StepStats], None]] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -117,8 +115,8 @@ class LLMEngine:
                     params: SamplingParams, prompt: str | None = None,
                     arrival_time: float | None = None, cache_salt: str | None = None) -> None:
         prompt_token_ids = list(prompt_token_ids)
-        if params.max_tokens is None:
-            params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
+        if params.max_tokens is None:  # a copy: the caller's params stay as given
+            params = replace(params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
         self.check_request(prompt_token_ids, params)
         extra_eos = self._extra_eos_token_ids(params)
         if extra_eos:
@@ -127,7 +125,7 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
             cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
-        seq = Sequence(next(self._seq_ids), prompt_token_ids, self.cache_config.block_size)
+        seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size)
         group = SequenceGroup(request_id, [seq], params,
                               arrival_time=arrival_time or time.monotonic(),
                               cache_salt=cache_salt)
@@ -150,9 +148,6 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
-
-    def new_seq_id(self) -> int:
-        return next(self._seq_ids)
 
     def stats(self) -> EngineStats:
         return EngineStats.of(
@@ -181,7 +176,7 @@ class LLMEngine:
         rows = plan.logit_rows()
         if rows:
             logits = self.runner.compute_logits(hidden, rows)
-            self.outputs.apply(plan, logits, self.sampler, self.new_seq_id)
+            self.outputs.apply(plan, logits, self.sampler, self.scheduler.new_seq_id)
         self.outputs.finish_ignored(out.ignored_seq_groups)
         results = self.outputs.collect()
         prompt_tokens = _prompt_tokens_computed(out)

@@ -13,9 +13,9 @@ from pagedserve.server.engine.outputs import (
     RequestOutput,
 )
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.sampling.stopping import StopChecker
 from pagedserve.server.tokenizer.base import Tokenizer
 from pagedserve.server.tokenizer.detokenizer import IncrementalDetokenizer
-from pagedserve.server.tokenizer.stop_checker import StopChecker
 
 
 @dataclass(slots=True)

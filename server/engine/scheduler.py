@@ -12,9 +12,9 @@ from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
 from pagedserve.server.engine.integrity import check_scheduler_integrity
 from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from pagedserve.server.engine.scheduling_budget import SchedulingBudget
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.stats import PreemptionStats, SchedulerStats, TokenOccupancy
-from pagedserve.server.engine.token_budget import TokenBudget
 from pagedserve.server.errors import (
     BlockAllocationError,
     InvalidRequestError,
@@ -76,11 +76,7 @@ class Scheduler:
     def add_seq_group(self, seq_group: SequenceGroup) -> None:
         """Queue a request, or raise if it can never run or the queue is full."""
         self._validate(seq_group)
-        limit = self.config.max_waiting_requests
-        if limit is not None and len(self.waiting) >= limit:
-            raise QueueFullError(
-                f"the waiting queue is full ({len(self.waiting)} requests, "
-                f"max_waiting_requests={limit}); retry later")
+        self.check_queue_room()
         request_id = seq_group.request_id
         self._groups[request_id] = seq_group
         self._arrival_order[request_id] = next(self._arrivals)
@@ -88,6 +84,16 @@ class Scheduler:
             self._seq_groups[seq.seq_id] = seq_group
             self._next_seq_id = max(self._next_seq_id, seq.seq_id + 1)
         self.waiting.append(seq_group)
+
+    def check_queue_room(self, num_arriving: int = 0) -> None:
+        """Raise QueueFullError unless one more request fits the waiting queue, counting
+        ``num_arriving`` requests on their way in (accepted but not yet added)."""
+        limit = self.config.max_waiting_requests
+        num_waiting = len(self.waiting) + num_arriving
+        if limit is not None and num_waiting >= limit:
+            raise QueueFullError(
+                f"the waiting queue is full ({num_waiting} requests, "
+                f"max_waiting_requests={limit}); retry later")
 
     def _validate(self, seq_group: SequenceGroup) -> None:
         if seq_group.request_id in self._groups:
@@ -191,7 +197,7 @@ class Scheduler:
         """The next step: which sequences compute how many tokens, and the block operations
         to do first. The caller runs it, then calls :meth:`update_after_step`."""
         output, self._pending = self._pending, SchedulerOutput()
-        budget = TokenBudget(self.config.max_num_batched_tokens)
+        budget = SchedulingBudget(self.config.max_num_batched_tokens)
         self._schedule_running(output, budget)
         if not output.preempted:
             self._schedule_swapped(output, budget)
@@ -211,7 +217,7 @@ class Scheduler:
             seq.num_computed_tokens += item.num_new_tokens
             self.block_manager.cache_computed_blocks(seq, item.seq_group.cache_salt)
 
-    def _schedule_running(self, output: SchedulerOutput, budget: TokenBudget) -> None:
+    def _schedule_running(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
         index = 0
         while index < len(self.running):
             seq_group = self.running[index]
@@ -231,8 +237,8 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_swapped(self, output: SchedulerOutput, budget: TokenBudget) -> None:
-        num_seqs = self._num_running_seqs()
+    def _schedule_swapped(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        num_seqs = self.num_running_seqs()
         while self.swapped:
             seq_group = self.swapped[0]
             width = seq_group.max_num_running_seqs()
@@ -251,8 +257,8 @@ class Scheduler:
             self._schedule_group(seq_group, budget.plan(seq_group) or [], output, budget)
             num_seqs += width
 
-    def _schedule_waiting(self, output: SchedulerOutput, budget: TokenBudget) -> None:
-        num_seqs = self._num_running_seqs()
+    def _schedule_waiting(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        num_seqs = self.num_running_seqs()
         while self.waiting:
             seq_group = self.waiting[0]
             width = seq_group.max_num_running_seqs()
@@ -271,7 +277,7 @@ class Scheduler:
             num_seqs += width
 
     def _schedule_group(self, seq_group: SequenceGroup, plan: list[tuple[Sequence, int]],
-                        output: SchedulerOutput, budget: TokenBudget) -> None:
+                        output: SchedulerOutput, budget: SchedulingBudget) -> None:
         for seq, num_new_tokens in plan:
             output.blocks_to_copy.extend(self.block_manager.append_slots(seq, num_new_tokens))
             output.scheduled.append(ScheduledSequence.of(seq, seq_group, num_new_tokens))
@@ -351,8 +357,17 @@ class Scheduler:
     def get_seq_group(self, request_id: str) -> SequenceGroup | None:
         return self._groups.get(request_id)
 
-    def _num_running_seqs(self) -> int:
+    def num_running_seqs(self) -> int:
+        """Sequences the running requests may run at once (forks still to come count)."""
         return sum(group.max_num_running_seqs() for group in self.running)
+
+    def live_request_ids(self) -> list[str]:
+        """Every request the scheduler holds, in any queue."""
+        return list(self._groups)
+
+    def arrival_index(self, request_id: str) -> int:
+        """The request's place in arrival order (the queues keep this order)."""
+        return self._arrival_order[request_id]
 
     def stats(self, with_occupancy: bool = True) -> SchedulerStats:
         """A snapshot of queues, KV usage and counters. ``with_occupancy`` adds the token

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.tokenizer import StopChecker
+from pagedserve.server.sampling import StopChecker
 
 
 def run(stop: Sequence[str], deltas: Sequence[str], include: bool = False
