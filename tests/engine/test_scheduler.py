@@ -89,18 +89,6 @@ def test_a_request_sequences_advance_together() -> None:
     assert batch(runner.step()) == [("b", 1, 1, True)]
 
 
-def test_scheduled_sequence_gives_the_runner_its_inputs() -> None:
-    scheduler = make_scheduler(max_num_batched_tokens=3)
-    group = add(scheduler, "a", 6)
-    (item,) = scheduler.schedule().scheduled
-    assert group.seqs[0].block_table == [0, 1]
-    assert (item.token_ids, list(item.positions), item.seq_len) == ([1, 2, 3], [0, 1, 2], 3)
-    scheduler.update_after_step(SchedulerOutput(scheduled=[item]))
-    (item,) = scheduler.schedule().scheduled
-    assert item.token_ids == [4, 5, 6] and item.slot_mapping() == [3, 4, 5]
-    assert item.samples
-
-
 def test_update_after_step_twice_raises() -> None:
     scheduler = make_scheduler()
     add(scheduler, "a", 3)

@@ -11,9 +11,10 @@ from pagedserve.server.sampling_params import SamplingParams
 def test_statuses() -> None:
     finished = {s for s in SequenceStatus if s.is_finished}
     assert finished == {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
-                        SequenceStatus.FINISHED_ABORTED, SequenceStatus.FINISHED_IGNORED}
+                        SequenceStatus.FINISHED_ABORTED, SequenceStatus.FINISHED_IGNORED,
+                        SequenceStatus.FINISHED_ERROR}
     assert [s.finish_reason for s in SequenceStatus] == [
-        None, None, None, "stop", "length", "abort", "length"]
+        None, None, None, "stop", "length", "abort", "length", "error"]
 
 
 def test_append_token_tracks_tokens_and_cumulative_logprob() -> None:
