@@ -19,6 +19,7 @@ from pagedserve.server.errors import (
     EngineDeadError,
     InvalidRequestError,
     QueueFullError,
+    RequestFailedError,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,9 @@ def from_exception(exc: BaseException, request: web.Request) -> APIError:
                         headers={"Retry-After": str(retry_after)})
     if isinstance(exc, EngineDeadError):
         return engine_unavailable(str(exc))
+    if isinstance(exc, RequestFailedError):  # this request only: the engine goes on
+        return APIError(500, "The server had an error while processing the output of this "
+                        "request, and ended it.", SERVER_ERROR, code="request_failed")
     if isinstance(exc, web.HTTPException):
         return _from_http_exception(exc, request)
     logger.exception("unhandled error in %s %s", request.method, request.path)

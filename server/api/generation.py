@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.errors import RequestFailedError
 from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class GenerationBatch:
             if isinstance(item, BaseException):
                 raise item
             self._observe(index, item)
+            if item.error is not None:
+                raise RequestFailedError(item.request_id, item.error)
             yield index, item
 
     async def final_outputs(self) -> list[RequestOutput]:

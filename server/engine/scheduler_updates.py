@@ -38,7 +38,7 @@ class SchedulerUpdates:
         self.update_after_step(out)
         update = StepUpdate()
         now = self._clock()
-        for group, positions in sampled.prompt_logprobs:
+        for group, positions in sampled.prompt_positions:
             group.prompt_logprobs.extend(positions)
         # Forks first: a child must copy its parent before the parent appends its own token.
         seqs = [self.fork_seq(t.draw.seq, t.draw.group, sample_index=t.draw.index)

@@ -59,7 +59,7 @@ class SampledBatch:
 
     tokens: list[SampledToken] = field(default_factory=list)
     beams: list[BeamStep] = field(default_factory=list)
-    prompt_logprobs: list[tuple[SequenceGroup, list[PositionLogprobs]]] = field(
+    prompt_positions: list[tuple[SequenceGroup, list[PositionLogprobs]]] = field(
         default_factory=list)
 
     @property
@@ -126,7 +126,7 @@ class TokenSampler:
         if n_beams:
             batch.beams = self._beams(plan, logits[n_draws:n_draws + n_beams])
         if plan.prompt_chunks:
-            batch.prompt_logprobs = prompt_logprobs(plan.prompt_chunks,
+            batch.prompt_positions = prompt_logprobs(plan.prompt_chunks,
                                                     logits[n_draws + n_beams:])
         return batch
 
