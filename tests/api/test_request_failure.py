@@ -25,7 +25,7 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
     """Output processing raises for the poison prompt once it has two tokens."""
     process = OutputProcessor._process
 
-    def failing(self, group, logprobs):  # noqa: ANN001, ANN202
+    def failing(self, group, logprobs):
         if group.prompt == POISON and group.seqs[0].num_output_tokens >= 2:
             raise RuntimeError("post-processing exploded")
         return process(self, group, logprobs)
