@@ -10,6 +10,7 @@ import pytest
 
 from pagedserve.client.sse import iter_sse
 from pagedserve.server.engine.output_processor import OutputProcessor
+from pagedserve.server.engine.sequence import SequenceGroup
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 
@@ -25,7 +26,7 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> None:
     """Output processing raises for the poison prompt once it has two tokens."""
     process = OutputProcessor._process
 
-    def failing(self, group, logprobs):
+    def failing(self: OutputProcessor, group: SequenceGroup, logprobs: dict) -> list:
         if group.prompt == POISON and group.seqs[0].num_output_tokens >= 2:
             raise RuntimeError("post-processing exploded")
         return process(self, group, logprobs)
