@@ -12,8 +12,9 @@ from typing import Any, Literal
 from pagedserve.client.batch import BatchRequest, BatchResult, BatchSummary
 from pagedserve.client.batch_file import (
     ResultWriter,
+    drop_results,
     iter_requests,
-    repair_and_load_done,
+    load_previous_results,
     scan_input,
 )
 from pagedserve.client.client import AsyncClient
@@ -121,17 +122,26 @@ async def run_batch_file(
     *,
     default_kind: EndpointKind | None = None,
     model: str | None = None,
+    retry_failed: bool = True,
 ) -> BatchSummary:
-    """Run the JSONL ``input_path`` into ``output_path``, skipping ids already there.
+    """Run the JSONL ``input_path`` into ``output_path``, skipping ids already done there.
 
     Every line is validated before the first request. Bodies without a model get ``model``,
     or else the first model the first endpoint lists. Interrupting (Ctrl-C, a cancelled task,
-    a crash) loses nothing: rerun with the same arguments to finish.
+    a crash) loses nothing: rerun with the same arguments to finish. A rerun also sends again
+    every item whose earlier result is a failure, replacing that result line, unless
+    ``retry_failed`` is False; ``summary.unresolved`` counts the items still without a
+    successful result either way.
     """
     source, target = Path(input_path), Path(output_path)
     options = options or RunOptions()
-    done = repair_and_load_done(target)
-    scan = scan_input(source, done, default_kind, model)
+    previous = load_previous_results(target)
+    if retry_failed:
+        drop_results(target, previous.failed)
+        done = previous.succeeded
+    else:
+        done = previous.succeeded | previous.failed
+    scan = scan_input(source, done, default_kind, model, failed=previous.failed)
     if scan.without_model and model is None:
         model = await _default_model(pool_config)
     with ResultWriter(target, fsync=options.fsync) as writer:
@@ -143,4 +153,5 @@ async def run_batch_file(
             total=scan.remaining,
         )
     summary.skipped = scan.total - scan.remaining
+    summary.previously_failed = scan.kept_failures
     return summary

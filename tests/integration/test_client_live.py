@@ -276,7 +276,7 @@ async def test_server_400_fails_only_its_item(server: LiveServer, client: AsyncC
     results, summary = await run_batch(requests, config, RunOptions(counter="server"))
     assert [r.custom_id for r in results] == [i.custom_id for i in items]
     bad = results[2]
-    assert bad.error == ItemError("BadRequestError", f"400 Bad Request: {message}")
+    assert bad.error == ItemError("BadRequestError", f"400 Bad Request: {message}", "400")
     assert (bad.status_code, bad.attempts, bad.usage) == (400, 1, None)
     assert bad.response == {"error": {"message": message, "type": "invalid_request_error",
                                       "param": "max_tokens", "code": None}}
