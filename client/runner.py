@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sized
 from typing import Any
 
 from pagedserve.client.batch import BatchRequest, BatchResult, BatchSummary
@@ -60,7 +60,8 @@ class BatchRunner:
         total: int | None = None,
     ) -> None:
         """``on_result`` runs as each item finishes, before it is yielded (the JSONL writer
-        hooks in here); ``progress`` shows a tqdm bar over ``total`` items."""
+        hooks in here); ``progress`` shows a tqdm bar over ``total`` items (by default the
+        length of the requests when they have one), with an ETA when the total is known."""
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         if max_attempts < 1:
@@ -92,8 +93,11 @@ class BatchRunner:
         """Results as they complete, or in input order with ``ordered=True``. Closing the
         iterator or cancelling its consumer stops the workers and frees their budget."""
         self.summary = BatchSummary()
+        total = self.total
+        if total is None and isinstance(requests, Sized):
+            total = len(requests)
         bar = BatchProgress(
-            self.total, self.summary, lambda: self.pool.in_flight_tokens, enabled=self.progress
+            total, self.summary, lambda: self.pool.in_flight_tokens, enabled=self.progress
         )
         queue: asyncio.Queue[Any] = asyncio.Queue(self.queue_size)
         finished: asyncio.Queue[Any] = asyncio.Queue()
