@@ -35,7 +35,7 @@ def read_poem_lines(path: str | None = None) -> list[str]:
     """The lines (with their newlines) of ``path``, or of the shipped sonnets."""
     try:
         if path is None:
-            text = resources.files("pagedserve.loadgen").joinpath("data/sonnets.txt")
+            text = resources.files("pagedserve.loadgen").joinpath("sonnets.txt")
             content = text.read_text(encoding="utf-8")
         else:
             content = Path(path).read_text(encoding="utf-8")

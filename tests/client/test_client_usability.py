@@ -76,8 +76,8 @@ def test_py_typed_and_the_sonnets_are_package_data():
     package_data = config["tool"]["setuptools"]["package-data"]
     assert "py.typed" in package_data["pagedserve.client"]
     assert (ROOT / "client" / "py.typed").is_file()
-    assert "data/*.txt" in package_data["pagedserve.loadgen"]
-    assert (ROOT / "loadgen" / "data" / "sonnets.txt").is_file()
+    assert "sonnets.txt" in package_data["pagedserve.loadgen"]
+    assert (ROOT / "loadgen" / "sonnets.txt").is_file()
     assert "mypy>=1.10" in config["project"]["optional-dependencies"]["test"]
 
 
