@@ -66,7 +66,7 @@ def format_summary(result: dict, percentile_metrics: Sequence[str],
         _row("Total token throughput (tok/s)", result["total_token_throughput"]),
     ]
     if result.get("streamed") is False:
-        lines.append("TTFT, TPOT and ITL: n/a (best_of or beam search: requests not streamed)")
+        lines.append(_row("TTFT, TPOT, ITL (requests not streamed)", "n/a"))
     for name in percentile_metrics:
         if result.get("streamed") is False and name != "e2el":
             continue

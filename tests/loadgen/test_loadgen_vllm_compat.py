@@ -177,7 +177,11 @@ def test_best_of_and_beam_search_run_unstreamed(serve, tmp_path: Path, capsys,
     assert result["total_output_tokens"] == sum(s.completion_tokens for s in server.served)
     assert result["mean_ttft_ms"] is None and result["mean_tpot_ms"] is None
     assert result["mean_e2el_ms"] > 0
-    assert "TTFT, TPOT and ITL: n/a" in capsys.readouterr().out
+    out = capsys.readouterr().out.splitlines()
+    na = [line for line in out if line.startswith("TTFT, TPOT, ITL (requests not streamed):")]
+    assert len(na) == 1 and na[0].endswith(" n/a") and len(na[0]) == 64
+    assert not any(line.startswith("Mean TTFT (ms)") for line in out)
+    assert any(line.startswith("Mean E2EL (ms)") for line in out)
 
 
 def test_tokens_without_text_are_completed_requests(serve, tmp_path: Path) -> None:
