@@ -90,7 +90,9 @@ class GenerationBatch:
     def _observe(self, index: int, output: RequestOutput) -> None:
         last = output.metrics.last_token_time
         previous = self._last_token_time[index]
-        if last is not None and previous is not None and last > previous:
+        if last is not None and previous is None:
+            self._metrics.observe_first_token(output)
+        elif last is not None and previous is not None and last > previous:
             self._metrics.observe_inter_token_latency(last - previous)
         self._last_token_time[index] = last
         if output.finished:
