@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING
 
 import orjson
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pagedserve.server.api.admission import OPEN_PATHS
 from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine
@@ -50,6 +51,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
 
 
 def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
@@ -146,12 +148,18 @@ class ServerMetrics:
                                         "Histogram of time spent in PREFILL phase for request.")
         self._decode = self._histogram(VLLM + "request_decode_time_seconds",
                                        "Histogram of time spent in DECODE phase for request.")
+        self._inference = self._histogram(
+            VLLM + "request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.")
+        self._params_n = self._histogram(VLLM + "request_params_n",
+                                         "Histogram of the n request parameter.", N_BUCKETS)
         self._iteration_tokens = self._histogram(
             VLLM + "iteration_tokens_total", "Histogram of number of tokens per engine_step.",
             ITERATION_TOKEN_BUCKETS)
         # Token-count buckets follow max_model_len, known once the engine has loaded.
         self._request_prompt_tokens: Histogram | None = None
         self._request_generation_tokens: Histogram | None = None
+        self._params_max_tokens: Histogram | None = None
         self._http = Counter(OWN + "http_responses", "HTTP responses by route and status.",
                              ["route", "method", "status"], registry=self.registry)
         self._rejections = Counter(
@@ -177,7 +185,27 @@ class ServerMetrics:
         self._request_generation_tokens = self._histogram(
             VLLM + "request_generation_tokens", "Number of generation tokens processed.",
             buckets)
+        self._params_max_tokens = self._histogram(
+            VLLM + "request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.", buckets)
+        self._cache_config_info(engine)
         engine.add_step_observer(self._observe_step)
+
+    def _cache_config_info(self, engine: AsyncEngine) -> None:
+        """vLLM's info-style gauge (always 1): the KV cache's configuration in its labels."""
+        args, kv = engine.engine_args, engine.engine.kv_cache
+        info = {
+            "block_size": args.block_size,
+            "num_gpu_blocks": kv.num_device_blocks,
+            "num_cpu_blocks": kv.num_cpu_blocks,
+            "enable_prefix_caching": args.enable_prefix_caching,
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "swap_space": args.swap_space,
+            "engine": ENGINE_INDEX,
+        }
+        gauge = Gauge(VLLM + "cache_config_info", "Information of the LLMEngine CacheConfig",
+                      list(info), registry=self.registry)
+        gauge.labels(**{k: str(v) for k, v in info.items()}).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -201,7 +229,7 @@ class ServerMetrics:
     def count_aborted(self) -> None:
         self._success["abort"].inc()
 
-    def observe_finished(self, output: RequestOutput) -> None:
+    def observe_finished(self, output: RequestOutput, params: SamplingParams) -> None:
         reasons = [o.finish_reason for o in output.outputs if o.finish_reason]
         reason = reasons[0] if reasons else "abort"
         counter = self._success.get(reason)
@@ -214,15 +242,19 @@ class ServerMetrics:
             (self._queue, m.arrival_time, m.first_scheduled_time),
             (self._prefill, m.first_scheduled_time, m.first_token_time),
             (self._decode, m.first_token_time, m.last_token_time),
+            (self._inference, m.first_scheduled_time, m.finished_time),
         )
         for histogram, start, end in spans:
             if start is not None and end is not None:
                 histogram.observe(max(0.0, end - start))
+        self._params_n.observe(params.n)
         if self._request_prompt_tokens is not None:
             self._request_prompt_tokens.observe(len(output.prompt_token_ids))
         if self._request_generation_tokens is not None:
             self._request_generation_tokens.observe(
                 sum(len(o.token_ids) for o in output.outputs))
+        if self._params_max_tokens is not None and params.max_tokens is not None:
+            self._params_max_tokens.observe(params.max_tokens)
 
     # -- HTTP -----------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ GAUGES = {
     "pagedserve:free_token_capacity",
     "pagedserve:kv_cache_total_tokens",
     "pagedserve:engine_healthy",
+    "vllm:cache_config_info",
 }
 COUNTERS = {
     "vllm:prompt_tokens",
@@ -53,9 +54,13 @@ HISTOGRAMS = {
     "vllm:request_prompt_tokens",
     "vllm:request_generation_tokens",
     "vllm:iteration_tokens_total",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_params_n",
+    "vllm:request_params_max_tokens",
 }
-# Series without the engine labels: HTTP traffic is the server's, not one engine's.
-SERVER_WIDE = {"pagedserve:http_responses"}
+# Series without vLLM's engine labels: HTTP traffic is the server's, not one engine's, and
+# vLLM's info gauge carries the cache configuration (and the engine) as its labels.
+SERVER_WIDE = {"pagedserve:http_responses", "vllm:cache_config_info"}
 ENGINE_LABELS = {"model_name": MODEL, "engine": "0"}
 
 # vLLM v1's buckets, as vllm/v1/metrics/loggers.py declares them.
@@ -73,6 +78,7 @@ VLLM_BUCKETS = {
         1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
     # The live checkpoint's max_model_len is 1024: 1-2-5 steps up to it.
     "vllm:request_prompt_tokens": [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000],
+    "vllm:request_params_n": [1, 2, 5, 10, 20],
 }
 
 Samples = dict[tuple[str, tuple], float | str]
@@ -114,6 +120,11 @@ async def test_every_metric_has_its_type_and_vllm_labels(server: LiveServer) -> 
             assert series, name
             for labels in series:
                 assert {k: labels[k] for k in ENGINE_LABELS} == ENGINE_LABELS, name
+    (info,) = labels_of(samples, "vllm:cache_config_info")
+    assert info == {"block_size": "16", "num_gpu_blocks": "64",
+                    "num_cpu_blocks": str(server.engine.engine.kv_cache.num_cpu_blocks),
+                    "enable_prefix_caching": "False", "gpu_memory_utilization": "0.9",
+                    "swap_space": "4.0", "engine": "0"}
     # vLLM creates every finish reason's series up front.
     reasons = {s["finished_reason"] for s in labels_of(samples, "vllm:request_success_total")}
     assert {"stop", "length", "abort"} <= reasons
@@ -143,17 +154,21 @@ async def test_counters_move_with_a_request(server: LiveServer, client: AsyncOpe
     assert delta("vllm:request_success_total", finished_reason="length") == 1
     for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
                  "request_queue_time_seconds", "request_prefill_time_seconds",
-                 "request_decode_time_seconds", "request_prompt_tokens",
-                 "request_generation_tokens"):
+                 "request_decode_time_seconds", "request_inference_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens", "request_params_n",
+                 "request_params_max_tokens"):
         assert delta(f"vllm:{name}_count") == 1, name
     assert delta("vllm:request_prompt_tokens_sum") == prompt
     assert delta("vllm:request_generation_tokens_sum") == 5
+    assert (delta("vllm:request_params_n_sum"), delta("vllm:request_params_max_tokens_sum")) == (
+        1, 5)
     # Every token the engine computed, over however many steps it took.
     assert delta("vllm:iteration_tokens_total_sum") == prompt + 5
     # Five tokens, four gaps between them (two gaps may reach the server as one).
     assert 1 <= delta("vllm:inter_token_latency_seconds_count") <= 4
     e2e = delta("vllm:e2e_request_latency_seconds_sum")
     assert 0 < delta("vllm:request_decode_time_seconds_sum") <= e2e
+    assert 0 < delta("vllm:request_inference_time_seconds_sum") <= e2e
     assert value(after, "vllm:num_requests_running") == 0
     assert value(after, "vllm:kv_cache_usage_perc") == 0
     assert value(after, "pagedserve:engine_healthy") == 1
