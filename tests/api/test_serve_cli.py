@@ -166,3 +166,11 @@ async def test_startup_log(model_dir: Path) -> None:
         "maximum concurrency for 512 tokens per request: 1.50x",
         f"listening on {url}",
     ]
+
+
+def test_help_never_shows_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(serve.API_KEY_ENV, "secret-from-env")
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert "secret-from-env" not in parser.format_help()
+    assert serve.config_from_args(parser.parse_args([])).api_key == "secret-from-env"
