@@ -31,7 +31,7 @@ OUTPUT_LEN = 8
 SEED = 7
 # Four requests of ~100 server tokens hold well under the 64-block cache: no preemption.
 MAX_CONCURRENCY = 4
-SUCCESS = "pagedserve:request_success_total"
+SUCCESS = "vllm:request_success_total"
 
 
 def scrape(server: LiveServer) -> Counter[tuple[str, str]]:
@@ -83,10 +83,10 @@ def test_bench_totals_equal_the_servers_counters(server: LiveServer, tmp_path: P
     assert result["total_input_tokens"] == server_prompt_tokens(server)
     assert result["total_output_tokens"] == NUM_PROMPTS * OUTPUT_LEN
     assert result["output_tokens_from_usage"] == NUM_PROMPTS
-    # No prefix caching and no preemption, so every prompt token was computed exactly once.
-    assert delta["pagedserve:num_preemptions_total", ""] == 0
-    assert delta["pagedserve:prompt_tokens_total", ""] == result["total_input_tokens"]
-    assert delta["pagedserve:generation_tokens_total", ""] == result["total_output_tokens"]
+    # Each prompt is counted once, when its first token is out (vLLM's meaning).
+    assert delta["vllm:num_preemptions_total", ""] == 0
+    assert delta["vllm:prompt_tokens_total", ""] == result["total_input_tokens"]
+    assert delta["vllm:generation_tokens_total", ""] == result["total_output_tokens"]
     successes = {reason: n for (name, reason), n in delta.items() if name == SUCCESS and n}
     assert successes == {"length": result["completed"]}
 
