@@ -54,9 +54,10 @@ class PoolConfig:
     at start) gets a fixed ``fallback_inflight_tokens`` (32,768) that only a 429 lowers.
 
     ``max_concurrency`` caps requests in flight per endpoint on top of the tokens;
-    ``requests_per_minute`` and ``tokens_per_minute`` are rate limits per endpoint (the
-    tokens counted as the reservation); ``timeout`` bounds each request; ``cooldown`` is the
-    backoff an endpoint waits after a failure worth retrying.
+    ``requests_per_minute`` and ``tokens_per_minute`` are rate limits per endpoint (a request
+    is charged its reservation, corrected to the tokens it really used when it ends);
+    ``timeout`` bounds each request; ``cooldown`` is the backoff an endpoint waits after a
+    failure worth retrying. ``api_key`` is sent as a bearer token (None: $OPENAI_API_KEY).
     """
 
     base_urls: list[str]
