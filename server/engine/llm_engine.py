@@ -1,7 +1,10 @@
 """The synchronous engine: add_request, abort_request, step.
 
-One step: schedule → run the model → sample → append tokens, detokenize, stop. The loop
-around it (offline ``LLM`` or the server's ``AsyncEngine``) decides when to call ``step``.
+One step: schedule → run the model → sample → the scheduler applies the tokens (append, fork,
+finish, free) → the output processor detokenizes, matches stop strings and builds the outputs
+→ the scheduler finishes what it reported. The loop around it (offline ``LLM`` or the
+server's ``AsyncEngine``) decides when to call ``step``; docs/internals.md draws who owns
+what.
 """
 
 from __future__ import annotations
@@ -200,6 +203,8 @@ class LLMEngine:
         self._observers.append(observer)
 
     def step(self) -> list[RequestOutput]:
+        """One step; raises only when the step itself fails (the forward pass, the scheduler's
+        state). A request whose post-processing raises ends alone, its output saying why."""
         start = time.perf_counter()
         out = self.scheduler.schedule()
         sampled = SampledBatch()
