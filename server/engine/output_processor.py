@@ -12,9 +12,10 @@ stop strings or building one request's output ends that request with ``finish_re
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pagedserve.server.engine.outputs import CompletionOutput, RequestOutput
 from pagedserve.server.engine.scheduler_output import StepUpdate
@@ -113,7 +114,7 @@ class OutputProcessor:
     def _request_output(self, group: SequenceGroup, outputs: list[CompletionOutput],
                         finished: bool, error: str | None = None) -> RequestOutput:
         # A snapshot: the request's own record keeps changing after this output is sent.
-        metrics = replace(group.metrics)
+        metrics = copy.copy(group.metrics)
         if finished:
             metrics.finished_time = time.monotonic()
         return RequestOutput(
