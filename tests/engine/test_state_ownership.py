@@ -18,9 +18,10 @@ from pagedserve.server.engine.block import KVCacheBlock
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 
 ENGINE = Path(__file__).resolve().parents[2] / "server" / "engine"
-# The scheduler (two files) and the block manager with the parts it is built from.
+# The scheduler (two files), the block manager with its pools and blocks, and Sequence's
+# own methods.
 OWNERS = {"scheduler.py", "scheduler_updates.py", "block_manager.py", "block_pool.py",
-          "block.py", "kv_allocation.py", "prefix_cache.py", "sequence.py"}
+          "block.py", "sequence.py"}
 
 STATE = (set(Sequence.__slots__) | set(SequenceGroup.__slots__)
          | {f.name for f in fields(KVCacheBlock)}) - {"text"}
