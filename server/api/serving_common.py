@@ -4,7 +4,6 @@ outputs into per-choice deltas and usage."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import time
 import uuid
@@ -89,12 +88,6 @@ def sampling_params(sampling: dict[str, Any], max_tokens: int | None, logprobs: 
     lets the engine fill in what the context leaves after the prompt."""
     return SamplingParams(**sampling, max_tokens=max_tokens, logprobs=logprobs,
                           prompt_logprobs=prompt_logprobs)
-
-
-def params_for_prompt(params: SamplingParams) -> SamplingParams:
-    # The engine fills a missing max_tokens from the prompt's length, so each prompt of a
-    # batch needs its own copy.
-    return dataclasses.replace(params)
 
 
 def reject_unstreamable(params: SamplingParams) -> None:

@@ -21,7 +21,6 @@ from pagedserve.server.api.serving_common import (
     new_logprobs,
     new_request_id,
     now_seconds,
-    params_for_prompt,
     reject_unstreamable,
     sampling_params,
     usage,
@@ -60,7 +59,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     view = _CompletionView(serving, req, params, prompts, request_id)
     async with serving.batch() as batch:
         for i, prompt in enumerate(prompts):
-            batch.add(f"{request_id}-{i}", prompt.token_ids, params_for_prompt(params),
+            batch.add(f"{request_id}-{i}", prompt.token_ids, params,
                       prompt.text)
         if req.stream:
             return await stream_events(request, view.stream(batch))
