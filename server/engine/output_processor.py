@@ -21,7 +21,7 @@ from pagedserve.server.engine.outputs import CompletionOutput, RequestOutput
 from pagedserve.server.engine.scheduler_output import StepUpdate
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.text_state import TextState
-from pagedserve.server.sampling.stopping import StopChecker
+from pagedserve.server.sampling.stop_conditions import StopChecker
 from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 from pagedserve.server.tokenizer.detokenizer import IncrementalDetokenizer

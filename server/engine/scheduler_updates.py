@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pagedserve.server.engine.scheduler_output import SchedulerOutput, StepUpdate
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.errors import BlockAllocationError
-from pagedserve.server.sampling.stopping import check_stop_token
+from pagedserve.server.sampling.stop_conditions import check_stop_token
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.token_sampling import BeamStep, SampledBatch, SampledToken

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedserve.server.engine.outputs import PositionLogprobs
-from pagedserve.server.sampling.stopping import StopChecker
+from pagedserve.server.sampling.stop_conditions import StopChecker
 from pagedserve.server.tokenizer.detokenizer import IncrementalDetokenizer
 
 

@@ -2,7 +2,7 @@
 
 from pagedserve.server.sampling.metadata import SamplingMetadata, SamplingRow
 from pagedserve.server.sampling.sampler import Sampler, SamplerOutput
-from pagedserve.server.sampling.stopping import FinishReason, StopChecker, check_stop_token
+from pagedserve.server.sampling.stop_conditions import FinishReason, StopChecker, check_stop_token
 from pagedserve.server.sampling.validation import validate_token_ids
 
 __all__ = [
