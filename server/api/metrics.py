@@ -31,7 +31,7 @@ from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine
-    from pagedserve.server.engine.stats import StepStats
+    from pagedserve.server.engine.engine_stats import StepStats
 
 VLLM = "vllm:"
 OWN = "pagedserve:"

@@ -16,9 +16,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.stats import EngineStats, StepStats
 from pagedserve.server.errors import EngineDeadError
 from pagedserve.server.sampling_params import SamplingParams
 

@@ -26,8 +26,8 @@ from pagedserve.server.engine.prefix_cache import (
     max_cache_hit_blocks,
     update_block_hashes,
 )
+from pagedserve.server.engine.scheduler_stats import KVCacheUsage, PoolUsage
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.engine.stats import KVCacheUsage, PoolUsage
 from pagedserve.server.errors import BlockAllocationError
 
 BlockMapping = list[tuple[int, int]]

@@ -18,6 +18,7 @@ import torch
 
 from pagedserve.server.engine.beam_search import BeamState
 from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
+from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
@@ -26,7 +27,6 @@ from pagedserve.server.engine.outputs import RequestOutput
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
-from pagedserve.server.engine.stats import EngineStats, StepStats
 from pagedserve.server.engine.token_sampling import SampledBatch, SamplingPlan, TokenSampler
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.loader import load_model

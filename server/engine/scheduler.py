@@ -12,10 +12,10 @@ from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
 from pagedserve.server.engine.integrity import check_scheduler_integrity
 from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from pagedserve.server.engine.scheduler_stats import PreemptionStats, SchedulerStats, TokenOccupancy
 from pagedserve.server.engine.scheduler_updates import SchedulerUpdates
 from pagedserve.server.engine.scheduling_budget import SchedulingBudget
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.engine.stats import PreemptionStats, SchedulerStats, TokenOccupancy
 from pagedserve.server.errors import (
     InvalidRequestError,
     QueueFullError,

@@ -1,5 +1,5 @@
-"""Snapshots for /metrics, /load and the load hints: KV cache usage, the scheduler's queues,
-what one step did (``StepStats``) and where the engine stands (``EngineStats``)."""
+"""The scheduler's usage snapshots, as /metrics and /load report them: KV cache pools, token
+occupancy, preemptions and the queues (``SchedulerStats``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.block_pool import BlockPool
-    from pagedserve.server.engine.outputs import RequestOutput
     from pagedserve.server.engine.sequence import Sequence
 
 
@@ -145,57 +144,3 @@ class SchedulerStats:
             return 0.0
         return self.prefix_cache_hit_tokens / self.prefix_cache_queried_tokens
 
-
-@dataclass(slots=True)
-class StepStats:
-    """What one step did; observers (the server's metrics) read it after each step."""
-
-    num_prefill_tokens: int  # prompt tokens computed (recomputation included)
-    num_decode_tokens: int  # tokens sampled
-    duration_s: float
-    num_preempted: int
-    num_running: int
-    num_waiting: int
-    finished: list[RequestOutput]
-
-
-@dataclass(slots=True, frozen=True)
-class EngineStats:
-    """A snapshot the server reads for /metrics, /load and the load-hint headers."""
-
-    num_running: int
-    num_waiting: int
-    num_swapped: int
-    kv_cache_usage: float
-    cpu_kv_cache_usage: float
-    free_token_capacity: int
-    total_kv_tokens: int
-    prefix_cache_queries: int
-    prefix_cache_hits: int
-    num_preemptions: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-
-    @classmethod
-    def of(cls, scheduler: SchedulerStats, *, prompt_tokens_total: int,
-           generation_tokens_total: int, max_num_seqs: int,
-           max_num_batched_tokens: int) -> EngineStats:
-        kv = scheduler.kv
-        return cls(
-            num_running=scheduler.num_running,
-            num_waiting=scheduler.num_waiting,
-            num_swapped=scheduler.num_swapped,
-            kv_cache_usage=kv.kv_cache_usage,
-            cpu_kv_cache_usage=kv.cpu.usage,
-            free_token_capacity=kv.free_token_capacity,
-            total_kv_tokens=kv.device.num_blocks * kv.block_size,
-            prefix_cache_queries=scheduler.prefix_cache_queried_tokens,
-            prefix_cache_hits=scheduler.prefix_cache_hit_tokens,
-            num_preemptions=scheduler.num_preemptions,
-            prompt_tokens_total=prompt_tokens_total,
-            generation_tokens_total=generation_tokens_total,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-        )

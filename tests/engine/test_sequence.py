@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.server.engine.kv_allocation import ContiguousAllocation, PagedAllocation
+from pagedserve.server.engine.scheduler_stats import PreemptionStats, TokenOccupancy
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.engine.stats import PreemptionStats, TokenOccupancy
 from pagedserve.server.sampling_params import SamplingParams
 
 
