@@ -16,8 +16,8 @@ class ScheduledSequence:
     """One sequence in the step: compute its tokens ``[num_computed_tokens, seq_len)``.
 
     ``num_computed_tokens`` and ``num_tokens`` are taken when the step is scheduled, so the
-    properties stay valid after the scheduler advances the sequence and the engine appends
-    the sampled token.
+    properties (and the inputs packed from them) stay valid after ``update_from_output``
+    advances the sequence and appends its sampled token.
     """
 
     seq: Sequence
