@@ -32,8 +32,9 @@ async def detokenize(request: web.Request) -> web.Response:
     req = parse_detokenize_request(await read_json(request))
     serving = Serving.of(request)
     serving.check_model(req.model)
-    try:
-        prompt = serving.tokenizer.decode(req.tokens)
-    except InvalidRequestError as exc:
-        raise InvalidRequestError(exc.message, param="tokens") from exc
-    return json_response({"prompt": prompt})
+    vocab = serving.engine.vocab_size
+    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token id {bad} is out of range for a vocabulary of {vocab}", param="tokens")
+    return json_response({"prompt": serving.tokenizer.decode(req.tokens)})

@@ -67,6 +67,7 @@ class AsyncEngine:
         self.engine_args = engine.args
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.model_config.vocab_size
         self.model_name = engine.args.model
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._wakeup = threading.Event()
