@@ -48,6 +48,8 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        # Set when the connection's remaining bytes cannot be parsed (a broken body).
+        self.close_connection = False
 
     def body(self) -> dict[str, Any]:
         return {
@@ -60,12 +62,15 @@ class APIError(Exception):
         }
 
     def to_response(self) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             body=orjson.dumps(self.body()),
             content_type="application/json",
             headers=self.headers,
         )
+        if self.close_connection:
+            response.force_close()
+        return response
 
 
 def invalid_request(message: str, param: str | None = None) -> APIError:
@@ -82,8 +87,14 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+# What a draining server tells clients to wait before retrying: by then another replica (or
+# this one, restarted) takes the request.
+DRAIN_RETRY_AFTER_S = 1
+
+
 def shutting_down() -> APIError:
-    return APIError(503, "The server is shutting down.", UNAVAILABLE, code="server_draining")
+    return APIError(503, "The server is shutting down.", UNAVAILABLE, code="server_draining",
+                    headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
 
 
 def engine_unavailable(detail: str) -> APIError:

@@ -11,7 +11,18 @@ from pagedserve.server.api.errors import invalid_request
 
 
 async def read_json(request: web.Request) -> Any:
-    raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+    try:
+        raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+    except web.RequestPayloadError as exc:
+        # A body that does not decode as its Content-Encoding says (or broken chunked
+        # framing). Nothing after it on this connection can be parsed: the answer closes it,
+        # and the unreadable rest is not drained.
+        request.content.feed_eof()
+        encoding = request.headers.get("Content-Encoding")
+        what = f"as Content-Encoding {encoding!r}" if encoding else "(malformed framing)"
+        error = invalid_request(f"The request body could not be decoded {what}.")
+        error.close_connection = True
+        raise error from exc
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

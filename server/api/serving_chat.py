@@ -56,6 +56,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     async with serving.batch() as batch:
         batch.add(request_id, token_ids, params, text)
         if req.stream:
+            await batch.admitted()
             return await stream_events(request, view.stream(batch))
         (final,) = await batch.final_outputs()
     choices = [

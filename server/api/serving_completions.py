@@ -63,6 +63,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
             batch.add(f"{request_id}-{i}", prompt.token_ids, params_for_prompt(params),
                       prompt.text)
         if req.stream:
+            await batch.admitted()
             return await stream_events(request, view.stream(batch))
         finals = await batch.final_outputs()
     return json_response(view.response(finals))

@@ -34,10 +34,26 @@ class RequestStream:
         self.request_id = request_id
         self._engine = engine
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.finished = False
 
     def put(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException):
+            self.settle_admission(item)
         self._queue.put_nowait(item)
+
+    def settle_admission(self, error: BaseException | None = None) -> None:
+        if not self._admitted.done():
+            if error is None:
+                self._admitted.set_result(None)
+            else:
+                self._admitted.set_exception(error)
+                self._admitted.exception()  # retrieved: the queue reports it too
+
+    async def admitted(self) -> None:
+        """Returns once the loop thread has admitted the request; raises what rejected it
+        (the scheduler's limits are checked there), so a stream can still answer 400."""
+        await asyncio.shield(self._admitted)
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -173,13 +189,16 @@ class AsyncEngine:
 
     def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,
                prompt: str | None, cache_salt: str | None, arrival: float) -> None:
-        if request_id not in self._streams:
+        stream = self._streams.get(request_id)
+        if stream is None:
             return  # aborted before admission
         try:
             self.engine.add_request(request_id, token_ids, params, prompt=prompt,
                                     arrival_time=arrival, cache_salt=cache_salt)
         except Exception as exc:  # rejected by the scheduler: the caller gets the error
             self._send(request_id, exc)
+            return
+        self._loop.call_soon_threadsafe(stream.settle_admission)
 
     def _step(self) -> None:
         outputs = self.engine.step()

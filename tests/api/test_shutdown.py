@@ -66,6 +66,7 @@ async def test_sigterm_drains_and_exits_zero(model_dir: Path) -> None:
             async with session.post(base_url + "/v1/completions",
                                     json={**LONG, "stream": False}) as refused:
                 assert refused.status == 503
+                assert refused.headers["Retry-After"] == "1"
                 assert await refused.json() == DRAINING
 
             chunks = [event async for event in events]
