@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -25,6 +26,13 @@ from pagedserve.server.engine.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.5
+# Fault injection for tests of the failure path, off unless set: the step with this 1-based
+# number raises instead of running, as a failed model forward would.
+FAIL_STEP_ENV = "PAGEDSERVE_FAIL_STEP"
+
+
+class InjectedStepFailure(RuntimeError):
+    """The failure ``PAGEDSERVE_FAIL_STEP`` asks for."""
 
 
 class RequestStream:
@@ -92,7 +100,10 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._failure: BaseException | None = None
+        self._failed: asyncio.Event | None = None
         self._stats = engine.stats()
+        self._num_steps = 0
+        self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> AsyncEngine:
@@ -102,6 +113,7 @@ class AsyncEngine:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._failed = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
         self._thread.start()
 
@@ -111,6 +123,18 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         self._fail_all(EngineDeadError("the engine has shut down"))
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What stopped the step loop, or None while it runs (or after a clean shutdown)."""
+        return self._failure
+
+    async def wait_failure(self) -> BaseException:
+        """Returns once the step loop has failed (never after a clean shutdown)."""
+        assert self._failed is not None, "start() first"
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
 
     @property
     def is_healthy(self) -> bool:
@@ -170,6 +194,7 @@ class AsyncEngine:
             logger.exception("engine loop failed")
             self._failure = exc
             self._fail_all(EngineDeadError(f"the engine loop failed: {exc!r}"))
+            self._loop.call_soon_threadsafe(self._failed.set)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -201,6 +226,10 @@ class AsyncEngine:
         self._loop.call_soon_threadsafe(stream.settle_admission)
 
     def _step(self) -> None:
+        self._num_steps += 1
+        if self._num_steps == self._fail_step:
+            raise InjectedStepFailure(f"step {self._num_steps} failed on purpose "
+                                      f"({FAIL_STEP_ENV}={self._fail_step})")
         outputs = self.engine.step()
         self._stats = self.engine.stats()
         self._deliver(outputs)
