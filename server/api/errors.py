@@ -102,6 +102,12 @@ def engine_unavailable(detail: str) -> APIError:
                     code="engine_dead")
 
 
+def body_too_large(size: int | None, limit: int) -> APIError:
+    sent = f"{size} bytes" if size is not None else "a body"
+    return APIError(413, f"Request body too large: {sent} sent, the limit is {limit} bytes.",
+                    INVALID_REQUEST, code="request_too_large")
+
+
 def from_exception(exc: BaseException, request: web.Request) -> APIError:
     """The APIError a client sees for ``exc``; anything unexpected becomes a 500."""
     if isinstance(exc, APIError):
@@ -130,11 +136,7 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
         return APIError(405, message, INVALID_REQUEST, code="method_not_allowed",
                         headers=headers)
     if exc.status == 413:
-        limit = request.client_max_size
-        size = request.content_length
-        sent = f"{size} bytes" if size is not None else "a body"
-        message = f"Request body too large: {sent} sent, the limit is {limit} bytes."
-        return APIError(413, message, INVALID_REQUEST, code="request_too_large")
+        return body_too_large(request.content_length, request.client_max_size)
     error_type = INVALID_REQUEST if exc.status < 500 else SERVER_ERROR
     return APIError(exc.status, exc.reason, error_type, headers=headers)
 

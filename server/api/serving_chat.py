@@ -43,7 +43,8 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     req = parse_chat_request(await read_json(request))
     serving = Serving.of(request)
     serving.check_model(req.model)
-    text, token_ids = encode_chat(serving, req.messages, req.add_generation_prompt)
+    text, token_ids = await serving.tokenization(
+        request, lambda: encode_chat(serving, req.messages, req.add_generation_prompt))
     params = sampling_params(
         req.sampling,
         max_tokens=req.max_tokens,

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_json
+from pagedserve.server.api.limits import check_prompts
 from pagedserve.server.api.logprobs import CompletionLogprobs, token_text
 from pagedserve.server.api.protocol_completions import (
     CompletionRequest,
@@ -52,10 +53,12 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     req = parse_completion_request(await read_json(request))
     serving = Serving.of(request)
     serving.check_model(req.model)
-    prompts = [_Prompt(serving, p, need_text=req.echo) for p in req.prompts]
     params = _params(req)
+    check_prompts(serving.limits, len(req.prompts), params.best_of)
     if req.stream:
         reject_unstreamable(params)
+    prompts = await serving.tokenization(
+        request, lambda: [_Prompt(serving, p, need_text=req.echo) for p in req.prompts])
     request_id = new_request_id("cmpl")
     view = _CompletionView(serving, req, params, prompts, request_id)
     async with serving.batch() as batch:

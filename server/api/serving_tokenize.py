@@ -3,6 +3,7 @@ server would feed the engine, so clients can count before they send."""
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from pagedserve.server.api.jsonio import json_response, read_json
@@ -19,13 +20,19 @@ async def tokenize(request: web.Request) -> web.Response:
     req = parse_tokenize_request(await read_json(request))
     serving = Serving.of(request)
     serving.check_model(req.model)
-    if req.messages is not None:
-        _, tokens = encode_chat(serving, req.messages, req.add_generation_prompt)
-    else:
-        tokens = serving.tokenizer.encode(req.prompt)
-    body = {"count": len(tokens), "tokens": tokens,
-            "max_model_len": serving.engine.max_model_len}
-    return json_response(body)
+    tokenizer, max_model_len = serving.tokenizer, serving.engine.max_model_len
+
+    def work() -> bytes:
+        # The answer's JSON too: for a large input it is a large list.
+        if req.messages is not None:
+            _, tokens = encode_chat(serving, req.messages, req.add_generation_prompt)
+        else:
+            tokens = tokenizer.encode(req.prompt)
+        return orjson.dumps({"count": len(tokens), "tokens": tokens,
+                             "max_model_len": max_model_len})
+
+    body = await serving.tokenization(request, work)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def detokenize(request: web.Request) -> web.Response:

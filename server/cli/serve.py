@@ -22,12 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
-from pagedserve.server.api.app import create_app, make_runner
+from pagedserve.server.api.app import create_app, make_runner, make_site
 from pagedserve.server.api.config import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ServerConfig,
     ServerConfigError,
 )
+from pagedserve.server.api.limits import add_limit_arguments, limits_from_args
 from pagedserve.server.api.shutdown import (
     drain,
     engine_failure,
@@ -66,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
+    add_limit_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -77,6 +79,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key,
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
+        limits=limits_from_args(args),
     )
 
 
@@ -101,7 +104,7 @@ async def serve(config: ServerConfig, access_log: bool = True) -> int:
     except (ValueError, PagedServeError) as exc:
         return _fail(f"cannot start the engine: {exc}")
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site = make_site(runner, config.host, config.port)
         try:
             await site.start()
         except OSError as exc:

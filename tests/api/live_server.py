@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import uvloop
 from aiohttp import web
 
-from pagedserve.server.api import ServerConfig, create_app, make_runner
+from pagedserve.server.api import ServerConfig, create_app, make_runner, make_site
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.engine.engine_args import EngineArgs
 
@@ -51,7 +51,8 @@ class LiveServer:
 
     async def _start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = make_site(self._runner, "127.0.0.1", 0)
+        self.site = site
         await site.start()
         self.port = self._runner.addresses[0][1]
 
