@@ -164,7 +164,10 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     size, limit = request.content_length, request.client_max_size
     if size is not None and size > limit:
         response = body_too_large(size, limit).to_response()
-        response.force_close()  # the body may follow anyway; it is not read
+        # The body is not wanted: close the connection once answered instead of lingering
+        # to read (and discard) a body the client may send anyway.
+        request.content.feed_eof()
+        response.force_close()
         return response
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the interim answer is not part of the response's size
