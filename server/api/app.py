@@ -47,10 +47,12 @@ def create_app(config: ServerConfig) -> web.Application:
     app[MODEL_NAMES_KEY] = names
     app[ADMISSION_KEY] = admission
     app[BATCHES_KEY] = set()
-    app[METRICS_KEY] = ServerMetrics(names[0], lambda: _stats(app))
+    app[METRICS_KEY] = ServerMetrics(names[0], lambda: app.get(ENGINE_KEY))
     app.cleanup_ctx.append(_tokenizer_pool_context)
     app.cleanup_ctx.append(_engine_context)
+    app.on_startup.append(_attach_metrics)  # runs after _engine_context has started it
     app.on_response_prepare.append(add_load_hints)
+    app.on_response_prepare.append(_count_response)
     _add_routes(app.router)
     return app
 
@@ -81,9 +83,12 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/load", get_load)
 
 
-def _stats(app: web.Application) -> Any:
-    engine = app.get(ENGINE_KEY)
-    return engine.stats() if engine is not None else None
+async def _attach_metrics(app: web.Application) -> None:
+    app[METRICS_KEY].attach(app[ENGINE_KEY])
+
+
+async def _count_response(request: web.Request, response: web.StreamResponse) -> None:
+    request.app[METRICS_KEY].count_response(request, response)
 
 
 async def _tokenizer_pool_context(app: web.Application) -> AsyncIterator[None]:

@@ -14,8 +14,9 @@ from dataclasses import replace
 
 import torch
 
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
 from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.model_runner import ModelRunner
@@ -39,7 +40,9 @@ class LLMEngine:
         self.args = args
         torch.manual_seed(args.seed)
         self.model_dir = resolve_model(args.model)
-        self.device = torch.device(args.device)
+        self.device = resolve_device(args.device)
+        # The device before the weights load: what gpu_memory_utilization is measured against.
+        baseline = MemorySnapshot.of(self.device) if self.device.type == "cuda" else None
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
         self.model, self.model_config = load_model(
             self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend
@@ -47,6 +50,11 @@ class LLMEngine:
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
+        if baseline is not None and self.cache_config.sized_by_memory_default:
+            memory = gpu_kv_cache_memory(self.model, self.model_config, self.scheduler_config,
+                                         self.cache_config.block_size,
+                                         args.gpu_memory_utilization, baseline)
+            self.cache_config = replace(self.cache_config, kv_cache_memory=memory)
         self.kv_cache = KVCache.create(
             self.model_config, self.cache_config, self.max_model_len, self.model.dtype,
             self.device, self.model.kernel_ops,
