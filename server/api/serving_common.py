@@ -4,7 +4,6 @@ outputs into per-choice deltas and usage."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib.metadata
 import time
@@ -18,13 +17,13 @@ from aiohttp import web
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import invalid_request, model_not_found
 from pagedserve.server.api.generation import GenerationBatch
+from pagedserve.server.api.jsonio import off_loop
 from pagedserve.server.api.state import (
     BATCHES_KEY,
     CONFIG_KEY,
     ENGINE_KEY,
     METRICS_KEY,
     MODEL_NAMES_KEY,
-    TOKENIZER_POOL_KEY,
 )
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedserve.server.engine.sampling_params import SamplingParams
@@ -38,10 +37,6 @@ try:
 except importlib.metadata.PackageNotFoundError:  # running from a source tree
     VERSION = "0.0.0"
 SYSTEM_FINGERPRINT = f"fp_pagedserve_{VERSION}"
-# Bodies from this size on are tokenized off the event loop; below it the thread hop costs
-# more than the work.
-OFF_LOOP_BODY_BYTES = 64 * 1024
-
 T = TypeVar("T")
 
 
@@ -87,11 +82,7 @@ class Serving:
     async def tokenization(self, request: web.Request, work: Callable[[], T]) -> T:
         """``work()`` (tokenizing the request's inputs): inline for a small body, in the
         tokenizer pool for a large one, so the event loop keeps answering meanwhile."""
-        size = request.content_length
-        if size is not None and size < OFF_LOOP_BODY_BYTES:
-            return work()
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.app[TOKENIZER_POOL_KEY], work)
+        return await off_loop(request, request.content_length, work)
 
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY])

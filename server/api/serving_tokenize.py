@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from pagedserve.server.api.jsonio import json_response, read_json
+from pagedserve.server.api.jsonio import json_response, read_request
 from pagedserve.server.api.protocol_tokenize import (
     parse_detokenize_request,
     parse_tokenize_request,
@@ -17,7 +17,7 @@ from pagedserve.server.engine.errors import InvalidRequestError
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    req = parse_tokenize_request(await read_json(request))
+    req = await read_request(request, parse_tokenize_request)
     serving = Serving.of(request)
     serving.check_model(req.model)
     tokenizer, max_model_len = serving.tokenizer, serving.engine.max_model_len
@@ -36,7 +36,7 @@ async def tokenize(request: web.Request) -> web.Response:
 
 
 async def detokenize(request: web.Request) -> web.Response:
-    req = parse_detokenize_request(await read_json(request))
+    req = await read_request(request, parse_detokenize_request)
     serving = Serving.of(request)
     serving.check_model(req.model)
     vocab = serving.engine.vocab_size

@@ -9,6 +9,7 @@ GIL inside its ops, so the event loop keeps serving while the model computes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import queue
@@ -142,6 +143,14 @@ class AsyncEngine:
                 and not self._stopping)
 
     # -- requests -------------------------------------------------------------------------
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises InvalidRequestError for a request the engine can never serve; changes
+        nothing and may run in any thread (the server checks large prompts off its loop)."""
+        if params.max_tokens is None:
+            params = dataclasses.replace(
+                params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
+        self.engine.check_request(prompt_token_ids, params)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,

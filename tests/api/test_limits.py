@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.api.serving_common import OFF_LOOP_BODY_BYTES
+from pagedserve.server.api.jsonio import OFF_LOOP_BODY_BYTES
 from tests.api.conftest import MAX_BODY_BYTES, MODEL
 from tests.api.live_server import LiveServer, server_config
 
