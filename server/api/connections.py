@@ -11,6 +11,8 @@ descriptors and lock everyone out. Idle keep-alive connections are closed by aio
 from __future__ import annotations
 
 import asyncio
+import logging
+import resource
 from collections.abc import Callable
 
 import orjson
@@ -24,6 +26,10 @@ _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.
 _REFUSAL_WAIT_S = 1.0
 _RETRY_AFTER_S = 1
+# Descriptors the process needs besides its connections: model files, logs, the listener.
+_SPARE_DESCRIPTORS = 128
+
+logger = logging.getLogger(__name__)
 
 
 class ConnectionGuard:
@@ -147,9 +153,31 @@ class GuardedTCPSite(web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
+        ensure_descriptors(self.guard.limits.max_connections)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.guard, self._host, self._port,
                                                 backlog=self._backlog, reuse_address=True)
+
+
+def ensure_descriptors(max_connections: int) -> int:
+    """Raises the process's soft open-file limit (up to the hard one) so that the connection
+    cap, not the descriptor table, is what turns clients away; returns the soft limit.
+
+    Logs a warning when even the hard limit leaves too few descriptors."""
+    needed = max_connections + _SPARE_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        logger.warning("the open-file limit (%d) is below --max-connections (%d) plus %d "
+                       "spare: raise `ulimit -n` or lower --max-connections", soft,
+                       max_connections, _SPARE_DESCRIPTORS)
+    return soft
 
 
 async def expect_continue(request: web.Request) -> web.StreamResponse | None:

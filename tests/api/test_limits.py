@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pagedserve.server.api import connections
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.jsonio import OFF_LOOP_BODY_BYTES
 from tests.api.conftest import MAX_BODY_BYTES, MODEL
@@ -190,3 +191,20 @@ async def test_headers_trickling_in_are_cut_off(model_dir: Path) -> None:
         writer.close()
     finally:
         await asyncio.to_thread(live.stop)
+
+
+@pytest.mark.parametrize(("limits", "expected", "warned"), [
+    ((1024, 4096), 2048 + 128, False),  # raised to what the cap needs
+    ((1024, 1500), 1500, True),  # only up to the hard limit: a warning says so
+    ((65536, 65536), 65536, False),  # already enough: untouched
+])
+def test_the_open_file_limit_is_raised_for_the_connection_cap(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+        limits: tuple[int, int], expected: int, warned: bool) -> None:
+    current = list(limits)
+    monkeypatch.setattr(connections.resource, "getrlimit", lambda _: tuple(current))
+    monkeypatch.setattr(connections.resource, "setrlimit",
+                        lambda _, value: current.__setitem__(slice(None), value))
+    assert connections.ensure_descriptors(2048) == expected
+    assert current == [expected, limits[1]]
+    assert ("below --max-connections (2048)" in caplog.text) == warned
