@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import EngineStats
 
 
+_UNAUTHENTICATED = frozenset({401, 403})
+
+
 def _hints(stats: EngineStats) -> LoadHints:
     return LoadHints(
         kv_cache_usage=stats.kv_cache_usage,
@@ -25,9 +28,10 @@ def _hints(stats: EngineStats) -> LoadHints:
 
 
 async def add_load_hints(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: the engine's load as of this response."""
+    """``on_response_prepare``: the engine's load as of this response; none for a client
+    that has not authenticated."""
     engine = request.app.get(ENGINE_KEY)
-    if engine is not None:
+    if engine is not None and response.status not in _UNAUTHENTICATED:
         response.headers.update(_hints(engine.stats()).to_headers())
 
 

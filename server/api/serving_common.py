@@ -7,14 +7,23 @@ from __future__ import annotations
 import importlib.metadata
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import invalid_request, model_not_found
 from pagedserve.server.api.generation import GenerationBatch
-from pagedserve.server.api.state import BATCHES_KEY, ENGINE_KEY, METRICS_KEY, MODEL_NAMES_KEY
+from pagedserve.server.api.jsonio import off_loop
+from pagedserve.server.api.state import (
+    BATCHES_KEY,
+    CONFIG_KEY,
+    ENGINE_KEY,
+    METRICS_KEY,
+    MODEL_NAMES_KEY,
+)
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 
@@ -27,6 +36,7 @@ try:
 except importlib.metadata.PackageNotFoundError:  # running from a source tree
     VERSION = "0.0.0"
 SYSTEM_FINGERPRINT = f"fp_pagedserve_{VERSION}"
+T = TypeVar("T")
 
 
 def new_request_id(prefix: str) -> str:
@@ -63,6 +73,15 @@ class Serving:
                 "completions with token-id prompts and no logprobs or echo are served"
             )
         return tokenizer
+
+    @property
+    def limits(self) -> ServerLimits:
+        return self.app[CONFIG_KEY].limits
+
+    async def tokenization(self, request: web.Request, work: Callable[[], T]) -> T:
+        """``work()`` (tokenizing the request's inputs): inline for a small body, in the
+        tokenizer pool for a large one, so the event loop keeps answering meanwhile."""
+        return await off_loop(request, request.content_length, work)
 
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY])
