@@ -2,9 +2,10 @@
 
 ``schedule`` (the scheduler's decisions and block allocation), ``prepare`` (block copies and
 swaps, and packing the step's tensors), ``forward`` (the model, logits included), ``sample``
-(sampling, appending tokens, stop checks, forks) and ``output`` (detokenizing and building the
-RequestOutputs). The phases add up to the step's duration. The server exports them as the
-``pagedserve:step_phase_seconds`` histogram; the benchmarks print their totals.
+(the sampler) and ``output`` (appending tokens, forks, detokenizing, stop checks, freeing
+finished requests, building the RequestOutputs). The phases add up to the step's duration.
+The server exports them as the ``pagedserve:step_phase_seconds`` histogram; the benchmarks
+print their totals.
 """
 
 from __future__ import annotations

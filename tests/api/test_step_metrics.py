@@ -13,8 +13,9 @@ COUNT = "pagedserve:step_phase_seconds_count"
 
 
 def _counts(samples: dict) -> dict[str, float]:
-    return {phase: samples.get((COUNT, (("model_name", MODEL), ("phase", phase))), 0.0)
-            for phase in STEP_PHASES}
+    labels = {phase: (("engine", "0"), ("model_name", MODEL), ("phase", phase))
+              for phase in STEP_PHASES}
+    return {phase: samples.get((COUNT, labels[phase]), 0.0) for phase in STEP_PHASES}
 
 
 async def test_each_step_observes_every_phase(server: LiveServer, client: AsyncOpenAI) -> None:
