@@ -10,7 +10,8 @@ requests only: a server that drops requests does not win by dropping them.
 KV budget: every server gets ``--kv-gib`` of KV cache. pagedserve and vLLM share theirs between
 requests; llama.cpp splits its context evenly between slots, so each workload restarts it with
 as many slots as the budget holds whole requests (at most the concurrency). One workload
-exceeds the budget at its concurrency, so the KV cache is the limit there.
+exceeds the budget at its concurrency (128 x 640 tokens > 65,536 in 1 GiB), so the KV cache is
+the limit there.
 
     python benchmarks/vs_peers.py --vllm PATH --llama-server PATH [--quick]
 
@@ -54,18 +55,19 @@ class Workload:
         return self.input_len + self.output_len
 
 
+# One batch of prompts per concurrency level (a few minutes per server on 2 cores).
 WORKLOADS = [
-    Workload("short-c64", 128, 128, 128, 64),
-    Workload("short-c16", 128, 128, 48, 16),
-    Workload("long-prompt-c32", 512, 128, 64, 32),
+    Workload("short-c64", 128, 128, 64, 64),
+    Workload("short-c16", 128, 128, 16, 16),
+    Workload("long-prompt-c32", 512, 128, 32, 32),
     Workload("long-prompt-c128-kv-bound", 512, 128, 128, 128),
-    Workload("long-output-c48", 64, 512, 48, 48),
+    Workload("long-output-c32", 64, 512, 32, 32),
 ]
 
 
 def quick(workloads: list[Workload]) -> list[Workload]:
-    """A smoke-test size: a quarter of the prompts (the concurrencies stay)."""
-    return [Workload(w.name, w.input_len, w.output_len, max(4, w.num_prompts // 4),
+    """A smoke-test size: a quarter of the output tokens, concurrencies kept."""
+    return [Workload(w.name, w.input_len, max(8, w.output_len // 4), w.num_prompts,
                      w.concurrency) for w in workloads]
 
 
@@ -253,7 +255,7 @@ def main() -> None:
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "vs_peers"))
     parser.add_argument("--kv-gib", type=int, default=1, help="KV cache of every server, GiB")
     parser.add_argument("--only", default="", help="comma-separated workload names")
-    parser.add_argument("--quick", action="store_true", help="a quarter of the prompts")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the output tokens")
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     args = parser.parse_args()
 
