@@ -1,32 +1,54 @@
-"""Adaptive in-flight budget: additive increase, multiplicative decrease (as TCP's window).
+"""Adaptive in-flight budget: run a server at its throughput peak, short of its memory limit.
 
-Against a pagedserve server the goal is a KV cache that stays full without preemption. Each
-completed request grows the budget by ``increase_per_window × tokens / capacity``, so a full
-budget's worth of completed work adds ``increase_per_window`` tokens, while the server says
-there is room (KV usage under ``kv_usage_high``, no more than ``waiting_high`` requests
-queued). A 429, a rise in the server's preemption count or a queue growing past
-``waiting_high`` multiplies the budget by ``decrease_factor``.
+Two limits move, per endpoint:
 
-Signals come back late: requests sent under the old, larger budget keep reporting congestion
-after the cut. So each decrease starts a new epoch, a request remembers the epoch it was sent
-in, and only a request sent in the current epoch can cut again, once per window as in TCP.
-Without load hints (another server) only 429s move the budget, which then never grows past
-its starting size.
+- the **window**, the requests in flight (``TokenBudget.max_concurrency``), is where the
+  throughput is: ``StepCurve`` fits the server's step time against its running count and
+  names the concurrency of most tokens per second. Until the curve shows a peak with room
+  beyond it, the window doubles each interval in which it was full (a slow start); at a
+  plateau it keeps probing a quarter higher; a queue on the server (it is at its own batch
+  limit) pulls the window back to what runs plus a small refill margin.
+- the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
+  every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
+  preempt. When the reservations bind while the cache stays well under ``kv_usage_low`` (most
+  answers stop early, prompts share a cached prefix) the capacity grows past the KV size;
+  above ``kv_usage_high`` it shrinks back *before* the cache runs out.
+
+A rise in the server's preemption count or a 429 cuts the window by ``decrease_factor``, once
+per interval (requests sent before a cut keep reporting the old congestion). With a
+``LatencyTarget`` the window also stays under the cap of a ``LatencyGuard``. Without load hints
+(another server) only 429s move the window, and successes grow it back by one request per
+window's worth of answers, up to where it started.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
 from pagedserve.client.budget import TokenBudget
+from pagedserve.client.latency_target import LatencyGuard, LatencyTarget, estimate_latency_ms
 from pagedserve.client.load_hints import LoadHints
+from pagedserve.client.peak import StepCurve
 from pagedserve.client.types import ServerLoad
 
-# How far past the KV cache the budget may grow: reservations count max_tokens for every
-# request, while most stop early, so the cache fills at well below the reserved total.
+# How far past the KV cache the token capacity may grow: reservations count max_tokens for
+# every request, while most stop early, so the cache fills at well below the reserved total.
 OVERCOMMIT_LIMIT = 4
+# Reserving the whole cache would still preempt: each sequence's last block is part empty.
+KV_SAFE_SHARE = 0.9
+DEFAULT_INITIAL_CONCURRENCY = 8
+DEFAULT_MAX_CONCURRENCY = 256  # without hints or a limit: the runner's default worker count
 _HISTORY = 1024
+_STARTUP_GROWTH = 2.0
+_PROBE_GROWTH = 1.25
+# The window above the peak: answers on their way back and requests on their way out leave
+# the batch short for a moment, and a few queued requests refill it at once.
+_PEAK_MARGIN = 0.05
+_PEAK_MARGIN_MIN = 2
+_OVERCOMMIT_GROWTH = 1.25
+_KV_BACKOFF = 0.85
 
 
 @dataclass(slots=True)
@@ -36,22 +58,32 @@ class AdaptiveConfig:
     initial_tokens: int | None = None
     min_tokens: int | None = None
     max_tokens: int | None = None
-    increase_per_window: int | None = None
+    initial_concurrency: int | None = None
     decrease_factor: float = 0.5
-    kv_usage_high: float = 0.95
+    kv_usage_high: float = 0.9
+    kv_usage_low: float = 0.75
     waiting_high: int | None = None
+    interval_s: float = 0.4
+    memory_s: float = 6.0
+    target: LatencyTarget | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.decrease_factor < 1.0:
             raise ValueError(f"decrease_factor must be in (0, 1), got {self.decrease_factor}")
         if not 0.0 < self.kv_usage_high <= 1.0:
             raise ValueError(f"kv_usage_high must be in (0, 1], got {self.kv_usage_high}")
-        for name in ("initial_tokens", "min_tokens", "max_tokens", "increase_per_window"):
+        if not 0.0 < self.kv_usage_low < self.kv_usage_high:
+            raise ValueError(f"kv_usage_low must be in (0, kv_usage_high), got "
+                             f"{self.kv_usage_low}")
+        for name in ("initial_tokens", "min_tokens", "max_tokens", "initial_concurrency"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.waiting_high is not None and self.waiting_high < 0:
             raise ValueError(f"waiting_high must be at least 0, got {self.waiting_high}")
+        for name in ("interval_s", "memory_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 @dataclass(slots=True, frozen=True)
@@ -61,9 +93,10 @@ class BudgetPlan:
     initial_tokens: int
     min_tokens: int
     max_tokens: int
-    max_concurrency: int | None
-    increase_per_window: int
-    waiting_high: int | None
+    initial_concurrency: int
+    max_concurrency: int
+    waiting_high: int
+    kv_tokens: int | None  # the server's KV size; None without hints (capacity stays fixed)
 
 
 def plan_budget(
@@ -74,92 +107,217 @@ def plan_budget(
 ) -> BudgetPlan:
     """Bounds from the server's ``/load`` where it has one, else a fixed ``fallback_tokens``."""
     kv_tokens = load.total_kv_tokens if load is not None else None
-    initial = config.initial_tokens or kv_tokens or fallback_tokens
+    safe = int(KV_SAFE_SHARE * kv_tokens) if kv_tokens else None
+    initial = config.initial_tokens or safe or fallback_tokens
     ceiling = config.max_tokens or (OVERCOMMIT_LIMIT * kv_tokens if kv_tokens else initial)
     initial = min(initial, ceiling)
     floor = min(config.min_tokens or max(1, initial // 16), initial)
-    if max_concurrency is None and load is not None and load.max_num_seqs:
-        max_concurrency = 2 * load.max_num_seqs  # one batch running, the next one queued
+    seqs = load.max_num_seqs if load is not None else None
+    if max_concurrency is None:
+        # One batch running and the next one queued; without hints, the runner's workers.
+        max_concurrency = 2 * seqs if seqs else DEFAULT_MAX_CONCURRENCY
+    if kv_tokens:
+        start = config.initial_concurrency or DEFAULT_INITIAL_CONCURRENCY
+    else:
+        start = config.initial_concurrency or max_concurrency
     waiting_high = config.waiting_high
-    if waiting_high is None and load is not None and load.max_num_seqs:
-        waiting_high = max(1, load.max_num_seqs // 4)
+    if waiting_high is None:
+        waiting_high = max(2, seqs // 16) if seqs else 2
     return BudgetPlan(
         initial_tokens=initial,
         min_tokens=floor,
         max_tokens=ceiling,
+        initial_concurrency=min(start, max_concurrency),
         max_concurrency=max_concurrency,
-        increase_per_window=config.increase_per_window or max(1, initial // 8),
         waiting_high=waiting_high,
+        kv_tokens=kv_tokens or None,
     )
 
 
-class AdaptiveBudget:
-    """Moves one ``TokenBudget``'s capacity between the plan's bounds."""
+@dataclass(slots=True)
+class _Interval:
+    """What the hints said since the last decision."""
 
-    def __init__(self, budget: TokenBudget, plan: BudgetPlan, config: AdaptiveConfig) -> None:
+    samples: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_peak: float = 0.0
+    window_full: bool = False
+    tokens_full: bool = False
+
+    def add(self, hints: LoadHints, window_full: bool, tokens_full: bool) -> None:
+        self.samples += 1
+        self.running += hints.num_running
+        self.waiting += hints.num_waiting
+        self.kv_peak = max(self.kv_peak, hints.kv_cache_usage)
+        self.window_full |= window_full
+        self.tokens_full |= tokens_full
+
+
+class AdaptiveBudget:
+    """Moves one ``TokenBudget``'s window and token capacity between the plan's bounds."""
+
+    def __init__(
+        self,
+        budget: TokenBudget,
+        plan: BudgetPlan,
+        config: AdaptiveConfig,
+        now: float = 0.0,
+    ) -> None:
         self.budget = budget
         self.plan = plan
         self.config = config
         self.epoch = 0
-        self.history: deque[tuple[str, int]] = deque([("start", budget.capacity)], _HISTORY)
-        self._credit = 0.0
-        self._preemptions_seen: int | None = None
-        self._last_waiting = 0
+        self.window = float(plan.initial_concurrency)
+        self.kv_factor = budget.capacity / plan.kv_tokens if plan.kv_tokens else 1.0
+        self.curve = StepCurve(config.memory_s)
+        self.latency = LatencyGuard(config.target) if config.target is not None else None
+        self.history: deque[tuple[str, int, int]] = deque(maxlen=_HISTORY)
+        self.history.append(("start", self.concurrency, budget.capacity))
+        self._interval = _Interval()
+        self._next_decision = now + config.interval_s
+        self._cut_until = -math.inf
+        self._preemptions: int | None = None
+        self._found_peak = False
+        budget.max_concurrency = self.concurrency
 
     @property
     def capacity(self) -> int:
         return self.budget.capacity
 
-    def on_success(self, sent_epoch: int, tokens: int, hints: LoadHints | None) -> None:
-        """A request sent in ``sent_epoch`` finished, holding ``tokens``; ``hints`` came with
-        its answer (None from servers that send none)."""
+    @property
+    def concurrency(self) -> int:
+        return max(1, int(self.window))
+
+    # -- signals -------------------------------------------------------------------------
+
+    def observe(self, hints: LoadHints, now: float) -> None:
+        """A load sample (a response's headers or a ``GET /load``) taken at ``now``."""
+        if hints.step_ms is not None:
+            self.curve.observe(hints.num_running, hints.step_ms, now)
+        budget = self.budget
+        self._interval.add(
+            hints,
+            window_full=budget.in_flight_requests >= self.concurrency,
+            tokens_full=budget.in_flight_tokens >= 0.85 * budget.capacity,
+        )
+        previous, self._preemptions = self._preemptions, hints.num_preemptions
+        if previous is not None and hints.num_preemptions > previous:
+            self._cut(now, "preemption")
+        elif hints.kv_cache_usage >= self.config.kv_usage_high and self.kv_factor > KV_SAFE_SHARE:
+            self._kv_backoff(hints, now)
+        if now >= self._next_decision:
+            self._decide(now)
+
+    def on_success(
+        self,
+        sent_epoch: int,
+        tokens: int,
+        hints: LoadHints | None,
+        *,
+        now: float | None = None,
+        sent_at: float | None = None,
+        completion_tokens: int | None = None,
+    ) -> None:
+        """A request sent in ``sent_epoch`` (at ``sent_at``) finished, holding ``tokens``;
+        ``hints`` came with its answer (None from servers that send none)."""
         if hints is None:
-            self._grow(tokens)
+            if sent_epoch == self.epoch and self.window < self.plan.initial_concurrency:
+                self._set(self.window + 1.0 / max(self.window, 1.0), "increase")
             return
-        reason = self._congestion(hints)
-        if reason is not None:
-            self._cut(sent_epoch, reason)
-        elif not self._server_full(hints):
-            self._grow(tokens)
+        if now is None:
+            return
+        if self.latency is not None and sent_at is not None and completion_tokens:
+            metric = self.latency.target.metric
+            self.latency.record(sent_at, estimate_latency_ms(
+                metric, now - sent_at, completion_tokens, hints.step_ms))
+        self.observe(hints, now)
 
-    def on_rate_limited(self, sent_epoch: int) -> None:
+    def on_rate_limited(self, sent_epoch: int, now: float | None = None) -> None:
         """The server answered 429 to a request sent in ``sent_epoch``."""
-        self._cut(sent_epoch, "rate-limited")
-
-    def _congestion(self, hints: LoadHints) -> str | None:
-        previous_preemptions, previous_waiting = self._preemptions_seen, self._last_waiting
-        self._preemptions_seen = max(previous_preemptions or 0, hints.num_preemptions)
-        self._last_waiting = hints.num_waiting
-        if previous_preemptions is not None and hints.num_preemptions > previous_preemptions:
-            return "preemption"
-        high = self.plan.waiting_high
-        if high is not None and hints.num_waiting > high and hints.num_waiting > previous_waiting:
-            return "queue"
-        return None
-
-    def _server_full(self, hints: LoadHints) -> bool:
-        high = self.plan.waiting_high
-        queued = high is not None and hints.num_waiting > high
-        return queued or hints.kv_cache_usage >= self.config.kv_usage_high
-
-    def _grow(self, tokens: int) -> None:
-        if self.capacity >= self.plan.max_tokens:
-            return
-        self._credit += self.plan.increase_per_window * tokens / self.capacity
-        step = int(self._credit)
-        if step:
-            self._credit -= step
-            self._resize(self.capacity + step, "increase")
-
-    def _cut(self, sent_epoch: int, reason: str) -> None:
         if sent_epoch < self.epoch:
             return
-        self.epoch += 1
-        self._credit = 0.0
-        self._resize(int(self.capacity * self.config.decrease_factor), reason)
+        self._cut(now, "rate-limited", force=True)
 
-    def _resize(self, capacity: int, reason: str) -> None:
-        bounded = max(self.plan.min_tokens, min(capacity, self.plan.max_tokens))
-        if bounded != self.capacity:
-            self.budget.resize(bounded)
-            self.history.append((reason, bounded))
+    @property
+    def target_unreachable(self) -> bool:
+        return self.latency is not None and self.latency.unreachable
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def _decide(self, now: float) -> None:
+        interval, self._interval = self._interval, _Interval()
+        self._next_decision = now + self.config.interval_s
+        if interval.samples == 0:
+            return
+        running = interval.running / interval.samples
+        waiting = interval.waiting / interval.samples
+        self._tune_tokens(interval)
+        window, reason = self._window_for(interval, running, waiting, now)
+        if self.latency is not None:
+            self.latency.update(running, 1, now)
+            if window > self.latency.cap:
+                window, reason = self.latency.cap, "latency"
+        if now >= self._cut_until or window < self.window:
+            self._set(window, reason)
+
+    def _window_for(
+        self, interval: _Interval, running: float, waiting: float, now: float
+    ) -> tuple[float, str]:
+        if waiting > self.plan.waiting_high:
+            # The server runs what it can (its batch or KV limit); more only queues there.
+            return running + self.plan.waiting_high, "queue"
+        peak = self.curve.peak(now, self.plan.max_concurrency)
+        top = max((n for n, _, _ in self.curve.points(now)), default=0)
+        explored = peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
+        self._found_peak |= explored
+        if not explored:
+            if not interval.window_full:
+                return self.window, "hold"  # the window was not what limited the load
+            growth = _PROBE_GROWTH if self._found_peak else _STARTUP_GROWTH
+            return self.window * growth, "probe" if self._found_peak else "startup"
+        assert peak is not None
+        margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
+        return peak.concurrency + margin, "peak"
+
+    def _tune_tokens(self, interval: _Interval) -> None:
+        """Grow the token capacity past the KV size while the cache stays half empty."""
+        if self.plan.kv_tokens is None:
+            return
+        if interval.tokens_full and interval.kv_peak < self.config.kv_usage_low:
+            self._set_tokens(self.kv_factor * _OVERCOMMIT_GROWTH, "overcommit")
+
+    def _kv_backoff(self, hints: LoadHints, now: float) -> None:
+        if now < self._cut_until:
+            return
+        self._cut_until = now + self.config.interval_s
+        self._set_tokens(max(KV_SAFE_SHARE, self.kv_factor * _KV_BACKOFF), "kv-headroom")
+        self._set(min(self.window, max(1.0, float(hints.num_running))), "kv-headroom")
+
+    def _cut(self, now: float | None, reason: str, force: bool = False) -> None:
+        if now is not None and now < self._cut_until and not force:
+            return
+        self.epoch += 1
+        if now is not None:
+            self._cut_until = now + 2 * self.config.interval_s
+        self._set(self.window * self.config.decrease_factor, reason)
+        if reason == "preemption" and self.plan.kv_tokens is not None:
+            self._set_tokens(min(self.kv_factor, 1.0) * KV_SAFE_SHARE, reason)
+
+    def _set(self, window: float, reason: str) -> None:
+        window = max(1.0, min(window, float(self.plan.max_concurrency)))
+        before = self.concurrency
+        self.window = window
+        if self.concurrency != before:
+            self.budget.max_concurrency = self.concurrency
+            self.budget.resize(self.budget.capacity)  # wakes waiters for the new window
+            self.history.append((reason, self.concurrency, self.budget.capacity))
+
+    def _set_tokens(self, factor: float, reason: str) -> None:
+        assert self.plan.kv_tokens is not None
+        tokens = int(factor * self.plan.kv_tokens)
+        tokens = max(self.plan.min_tokens, min(tokens, self.plan.max_tokens))
+        self.kv_factor = tokens / self.plan.kv_tokens
+        if tokens != self.budget.capacity:
+            self.budget.resize(tokens)
+            self.history.append((reason, self.concurrency, tokens))

@@ -210,7 +210,8 @@ class BatchRunner:
     ) -> BatchResult:
         usage = answer.usage
         hints = LoadHints.from_headers(answer.response_headers)
-        self.pool.report_success(grant, usage.total_tokens if usage else None, hints)
+        self.pool.report_success(grant, usage.total_tokens if usage else None, hints,
+                                 usage.completion_tokens if usage else None)
         return BatchResult(
             index=index,
             custom_id=request.custom_id,

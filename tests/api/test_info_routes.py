@@ -8,6 +8,7 @@ import aiohttp
 from openai import AsyncOpenAI
 
 from pagedserve.client.load_hints import LoadHints
+from pagedserve.server.api.hints import STEP_CLOCK_KEY
 from pagedserve.server.api.serving_common import VERSION
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
@@ -50,9 +51,11 @@ async def test_load_reports_the_engine_state(server: LiveServer) -> None:
         "free_token_capacity": stats.total_kv_tokens, "num_preemptions": stats.num_preemptions,
         "max_num_seqs": 16, "max_num_batched_tokens": 512,
         "total_kv_tokens": 64 * 16,
+        "step_ms": server.app[STEP_CLOCK_KEY].step_ms,
+        "generated_tokens": stats.generation_tokens_total,
     }
     hints = LoadHints.from_headers(headers)
-    assert hints == LoadHints(0.0, 0, 0, stats.total_kv_tokens, stats.num_preemptions)
+    assert hints == LoadHints.from_json(body)
 
 
 async def test_streamed_responses_carry_load_hints_too(server: LiveServer) -> None:

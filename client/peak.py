@@ -1,0 +1,120 @@
+"""Where a server's throughput peaks, from the step times it publishes.
+
+In one engine step every running sequence gets one token, so with ``n`` sequences running
+the server makes ``n / step_time(n)`` tokens per second. The step time is the delay signal
+(as round-trip time is to TCP Vegas and BBR): flat while the batch is small and the weights'
+memory traffic dominates, growing once compute or attention over long contexts does. Past the
+concurrency where the step time grows faster than ``n``, more requests in flight only add
+latency (and, later, preemption).
+
+``StepCurve`` keeps a smoothed step time per running count, forgets what it has not seen
+lately (so it follows a change of workload within seconds), and fits
+``step(n) = a + b·n + c·n²`` by weighted least squares. The quadratic term is what makes an
+interior peak at ``n* = sqrt(a / c)``; without one, throughput still rises at the largest
+``n`` observed, and the answer is "more".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# How many samples a bucket's average behaves like at most: a new sample moves it by at least
+# 1/_MAX_WEIGHT, so a bucket follows a changed workload instead of averaging over it forever.
+_MAX_WEIGHT = 16.0
+_MIN_WEIGHT = 0.05  # a bucket this faded is forgotten
+
+
+@dataclass(slots=True)
+class _Bucket:
+    step_ms: float
+    weight: float
+    seen_at: float
+
+
+@dataclass(slots=True, frozen=True)
+class Peak:
+    """The fitted curve's best concurrency within the range explored so far."""
+
+    concurrency: int
+    tokens_per_s: float
+    step_ms: float
+    at_edge: bool  # the best is at the top of what was observed: the peak may lie beyond
+
+
+class StepCurve:
+    """Step time against running count, as observed through the load hints."""
+
+    def __init__(self, memory_s: float = 6.0) -> None:
+        if not memory_s > 0:
+            raise ValueError(f"memory_s must be positive, got {memory_s}")
+        self.memory_s = memory_s
+        self._buckets: dict[int, _Bucket] = {}
+
+    def observe(self, num_running: int, step_ms: float, now: float) -> None:
+        """One sample: ``step_ms`` per step while ``num_running`` sequences ran."""
+        if num_running < 1 or not step_ms > 0:
+            return
+        bucket = self._buckets.get(num_running)
+        if bucket is None:
+            self._buckets[num_running] = _Bucket(step_ms, 1.0, now)
+            return
+        weight = min(self._faded(bucket, now) + 1.0, _MAX_WEIGHT)
+        bucket.step_ms += (step_ms - bucket.step_ms) / weight
+        bucket.weight, bucket.seen_at = weight, now
+
+    def points(self, now: float) -> list[tuple[int, float, float]]:
+        """(running count, step ms, weight) of every bucket still remembered."""
+        points = []
+        for n, bucket in list(self._buckets.items()):
+            weight = self._faded(bucket, now)
+            if weight < _MIN_WEIGHT:
+                del self._buckets[n]
+            else:
+                points.append((n, bucket.step_ms, weight))
+        return sorted(points)
+
+    def peak(self, now: float, limit: int | None = None) -> Peak | None:
+        """The fitted best concurrency up to the largest observed (or ``limit``); None until
+        three distinct running counts are known."""
+        points = self.points(now)
+        if len(points) < 3:
+            return None
+        n = np.array([p[0] for p in points], dtype=float)
+        step = np.array([p[1] for p in points])
+        coef = _fit(n, step, np.array([p[2] for p in points]))
+        top = int(n.max()) if limit is None else min(int(n.max()), limit)
+        grid = np.arange(1, top + 1, dtype=float)
+        fitted = coef[0] + coef[1] * grid + coef[2] * grid * grid
+        # A fit may dip below anything measured at the edges; such a point is no evidence.
+        fitted = np.maximum(fitted, step.min())
+        throughput = grid / fitted * 1000.0
+        best = int(np.argmax(throughput))
+        return Peak(
+            concurrency=best + 1,
+            tokens_per_s=float(throughput[best]),
+            step_ms=float(fitted[best]),
+            at_edge=best + 1 >= 0.9 * top,
+        )
+
+    def step_ms_at(self, now: float, concurrency: int) -> float | None:
+        """The fitted step time at ``concurrency`` (None without enough samples)."""
+        points = self.points(now)
+        if len(points) < 3:
+            return None
+        coef = _fit(np.array([p[0] for p in points], dtype=float),
+                    np.array([p[1] for p in points]), np.array([p[2] for p in points]))
+        return float(coef[0] + coef[1] * concurrency + coef[2] * concurrency**2)
+
+    def _faded(self, bucket: _Bucket, now: float) -> float:
+        return bucket.weight * math.exp(-max(0.0, now - bucket.seen_at) / self.memory_s)
+
+
+def _fit(n: np.ndarray, step: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Weighted least squares of ``step ≈ a + b·n + c·n²``; (a, b, c)."""
+    design = np.stack([np.ones_like(n), n, n * n], axis=1)
+    root = np.sqrt(weight)[:, None]
+    coef, *_ = np.linalg.lstsq(design * root, step * root[:, 0], rcond=None)
+    return coef
