@@ -107,11 +107,12 @@ async def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, limit_
 
 
 @contextlib.contextmanager
-def running_server(model: str, port: int, extra: list[str], log: Path):
+def running_server(model: str, port: int, extra: list[str], log: Path,
+                   env: dict[str, str] | None = None):
     command = [sys.executable, "-m", "pagedserve.server.cli.main", "serve",
                "--model", model, "--port", str(port), *extra]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         yield process
     finally:

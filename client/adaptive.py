@@ -10,9 +10,12 @@ Two limits move, per endpoint:
   limit) pulls the window back to what runs plus a small refill margin.
 - the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
   every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
-  preempt. When the reservations bind while the cache stays well under ``kv_usage_low`` (most
-  answers stop early, prompts share a cached prefix) the capacity grows past the KV size;
-  above ``kv_usage_high`` it shrinks back *before* the cache runs out.
+  preempt. The capacity grows past the KV size only on evidence that reservations overstate
+  what the cache will hold: answers that stop well short of ``max_tokens``, or a cache
+  holding under ``_SHARED_KV_SHARE`` of what is reserved (prompts sharing a cached prefix),
+  while the reservations bind and the cache stays under ``kv_usage_low``; at most once per
+  request round trip, since the cache fills as answers grow. Above ``kv_usage_high`` it
+  shrinks back *before* the cache runs out.
 
 A rise in the server's preemption count or a 429 cuts the window by ``decrease_factor``, once
 per interval (requests sent before a cut keep reporting the old congestion). With a
@@ -38,7 +41,7 @@ from pagedserve.client.types import ServerLoad
 OVERCOMMIT_LIMIT = 4
 # Reserving the whole cache would still preempt: each sequence's last block is part empty.
 KV_SAFE_SHARE = 0.9
-DEFAULT_INITIAL_CONCURRENCY = 8
+DEFAULT_INITIAL_CONCURRENCY = 16
 DEFAULT_MAX_CONCURRENCY = 256  # without hints or a limit: the runner's default worker count
 _HISTORY = 1024
 _STARTUP_GROWTH = 2.0
@@ -47,7 +50,12 @@ _PROBE_GROWTH = 1.25
 # the batch short for a moment, and a few queued requests refill it at once.
 _PEAK_MARGIN = 0.05
 _PEAK_MARGIN_MIN = 2
+_PEAK_DECLINE = 0.05
+_REACHED = 0.8
 _OVERCOMMIT_GROWTH = 1.25
+_EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
+_SHARED_KV_SHARE = 0.4
+_SMOOTHING = 0.1
 _KV_BACKOFF = 0.85
 
 
@@ -63,7 +71,7 @@ class AdaptiveConfig:
     kv_usage_high: float = 0.9
     kv_usage_low: float = 0.75
     waiting_high: int | None = None
-    interval_s: float = 0.4
+    interval_s: float = 0.3
     memory_s: float = 6.0
     target: LatencyTarget | None = None
 
@@ -142,14 +150,17 @@ class _Interval:
     running: float = 0.0
     waiting: float = 0.0
     kv_peak: float = 0.0
+    kv_per_reserved: float = 0.0  # the most KV held per reserved token
     window_full: bool = False
     tokens_full: bool = False
 
-    def add(self, hints: LoadHints, window_full: bool, tokens_full: bool) -> None:
+    def add(self, hints: LoadHints, window_full: bool, tokens_full: bool,
+            kv_per_reserved: float) -> None:
         self.samples += 1
         self.running += hints.num_running
         self.waiting += hints.num_waiting
         self.kv_peak = max(self.kv_peak, hints.kv_cache_usage)
+        self.kv_per_reserved = max(self.kv_per_reserved, kv_per_reserved)
         self.window_full |= window_full
         self.tokens_full |= tokens_full
 
@@ -179,6 +190,9 @@ class AdaptiveBudget:
         self._cut_until = -math.inf
         self._preemptions: int | None = None
         self._found_peak = False
+        self._used_share = 1.0  # smoothed used / reserved tokens of finished requests
+        self._round_trip_s = config.interval_s  # smoothed time from send to answer
+        self._next_overcommit = now
         budget.max_concurrency = self.concurrency
 
     @property
@@ -193,13 +207,17 @@ class AdaptiveBudget:
 
     def observe(self, hints: LoadHints, now: float) -> None:
         """A load sample (a response's headers or a ``GET /load``) taken at ``now``."""
-        if hints.step_ms is not None:
-            self.curve.observe(hints.num_running, hints.step_ms, now)
+        if hints.step_ms is not None and self.curve.observe(hints.num_running, hints.step_ms,
+                                                            now):
+            self._found_peak = False  # explore the moved curve from where it now runs
+            self.history.append(("shift", self.concurrency, self.budget.capacity))
         budget = self.budget
+        held = hints.kv_cache_usage * (self.plan.kv_tokens or 0)
         self._interval.add(
             hints,
             window_full=budget.in_flight_requests >= self.concurrency,
             tokens_full=budget.in_flight_tokens >= 0.85 * budget.capacity,
+            kv_per_reserved=held / budget.in_flight_tokens if budget.in_flight_tokens else 0.0,
         )
         previous, self._preemptions = self._preemptions, hints.num_preemptions
         if previous is not None and hints.num_preemptions > previous:
@@ -218,9 +236,15 @@ class AdaptiveBudget:
         now: float | None = None,
         sent_at: float | None = None,
         completion_tokens: int | None = None,
+        used_tokens: int | None = None,
     ) -> None:
-        """A request sent in ``sent_epoch`` (at ``sent_at``) finished, holding ``tokens``;
-        ``hints`` came with its answer (None from servers that send none)."""
+        """A request sent in ``sent_epoch`` (at ``sent_at``) finished, holding ``tokens`` and
+        using ``used_tokens``; ``hints`` came with its answer (None from servers that send
+        none)."""
+        if used_tokens is not None and tokens > 0:
+            self._used_share += _SMOOTHING * (min(1.0, used_tokens / tokens) - self._used_share)
+        if now is not None and sent_at is not None:
+            self._round_trip_s += _SMOOTHING * (now - sent_at - self._round_trip_s)
         if hints is None:
             if sent_epoch == self.epoch and self.window < self.plan.initial_concurrency:
                 self._set(self.window + 1.0 / max(self.window, 1.0), "increase")
@@ -252,7 +276,7 @@ class AdaptiveBudget:
             return
         running = interval.running / interval.samples
         waiting = interval.waiting / interval.samples
-        self._tune_tokens(interval)
+        self._tune_tokens(interval, now)
         window, reason = self._window_for(interval, running, waiting, now)
         if self.latency is not None:
             self.latency.update(running, 1, now)
@@ -269,22 +293,37 @@ class AdaptiveBudget:
             return running + self.plan.waiting_high, "queue"
         peak = self.curve.peak(now, self.plan.max_concurrency)
         top = max((n for n, _, _ in self.curve.points(now)), default=0)
-        explored = peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
+        # A peak counts once the curve has been seen well past it and falling there: noise
+        # over a few running counts fits a false summit, and stopping short of the real one
+        # costs far more throughput than going a little past it.
+        explored = (peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
+                    and peak.decline >= _PEAK_DECLINE)
         self._found_peak |= explored
         if not explored:
-            if not interval.window_full:
-                return self.window, "hold"  # the window was not what limited the load
+            if not interval.window_full or not (
+                    _REACHED * self.window <= running <= self.window + 1):
+                # The window did not limit the load, the server has yet to run what it
+                # allows, or it still drains from a larger window: nothing to learn by growing.
+                return self.window, "hold"
             growth = _PROBE_GROWTH if self._found_peak else _STARTUP_GROWTH
             return self.window * growth, "probe" if self._found_peak else "startup"
         assert peak is not None
+        bottom = min(n for n, _, _ in self.curve.points(now))
+        if peak.concurrency <= bottom:
+            # The fit puts the peak at or below anything measured lately: go just under it,
+            # so that the running count drops and the fit gets data on both sides.
+            return float(peak.concurrency - 1), "descend"
         margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
         return peak.concurrency + margin, "peak"
 
-    def _tune_tokens(self, interval: _Interval) -> None:
-        """Grow the token capacity past the KV size while the cache stays half empty."""
-        if self.plan.kv_tokens is None:
+    def _tune_tokens(self, interval: _Interval, now: float) -> None:
+        """Grow the token capacity past the KV size where reservations overstate the cache."""
+        if self.plan.kv_tokens is None or now < self._next_overcommit:
             return
-        if interval.tokens_full and interval.kv_peak < self.config.kv_usage_low:
+        overstated = (self._used_share < _EARLY_STOP_SHARE
+                      or interval.kv_per_reserved < _SHARED_KV_SHARE)
+        if overstated and interval.tokens_full and interval.kv_peak < self.config.kv_usage_low:
+            self._next_overcommit = now + max(self.config.interval_s, self._round_trip_s)
             self._set_tokens(self.kv_factor * _OVERCOMMIT_GROWTH, "overcommit")
 
     def _kv_backoff(self, hints: LoadHints, now: float) -> None:

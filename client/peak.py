@@ -8,10 +8,15 @@ concurrency where the step time grows faster than ``n``, more requests in flight
 latency (and, later, preemption).
 
 ``StepCurve`` keeps a smoothed step time per running count, forgets what it has not seen
-lately (so it follows a change of workload within seconds), and fits
+lately, and fits
 ``step(n) = a + b·n + c·n²`` by weighted least squares. The quadratic term is what makes an
 interior peak at ``n* = sqrt(a / c)``; without one, throughput still rises at the largest
 ``n`` observed, and the answer is "more".
+
+A change of workload (longer prompts, another client) moves the whole curve, while the
+samples only come from the running count of the moment. So when new samples keep landing far
+off the fitted curve, in the same direction, the old samples are dropped at once rather than
+left to fade: a fit through old and new points at once would name a peak that is neither.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import numpy as np
 # 1/_MAX_WEIGHT, so a bucket follows a changed workload instead of averaging over it forever.
 _MAX_WEIGHT = 16.0
 _MIN_WEIGHT = 0.05  # a bucket this faded is forgotten
+_SHIFT = 0.3  # a sample this far off the fit (as a share of it) counts towards a shift
+_SHIFT_SAMPLES = 8  # so many in a row, all above or all below the fit, and the curve moved
 
 
 @dataclass(slots=True)
@@ -42,6 +49,7 @@ class Peak:
     tokens_per_s: float
     step_ms: float
     at_edge: bool  # the best is at the top of what was observed: the peak may lie beyond
+    decline: float  # how much less the fit makes at the top observed than at the best, 0..1
 
 
 class StepCurve:
@@ -52,11 +60,37 @@ class StepCurve:
             raise ValueError(f"memory_s must be positive, got {memory_s}")
         self.memory_s = memory_s
         self._buckets: dict[int, _Bucket] = {}
+        self._off_fit = 0  # consecutive samples off the fit: positive above, negative below
 
-    def observe(self, num_running: int, step_ms: float, now: float) -> None:
-        """One sample: ``step_ms`` per step while ``num_running`` sequences ran."""
+    def observe(self, num_running: int, step_ms: float, now: float) -> bool:
+        """One sample: ``step_ms`` per step while ``num_running`` sequences ran. True when it
+        completed evidence that the curve moved, and the older samples were dropped."""
         if num_running < 1 or not step_ms > 0:
-            return
+            return False
+        shifted = self._track_shift(num_running, step_ms, now)
+        if shifted:
+            self._buckets.clear()
+        self._add(num_running, step_ms, now)
+        return shifted
+
+    def _track_shift(self, num_running: int, step_ms: float, now: float) -> bool:
+        expected = self.step_ms_at(now, num_running)
+        if expected is None or expected <= 0:
+            self._off_fit = 0
+            return False
+        off = (step_ms - expected) / expected
+        if abs(off) < _SHIFT:
+            self._off_fit = 0
+        elif (off > 0) == (self._off_fit >= 0):
+            self._off_fit += 1 if off > 0 else -1
+        else:
+            self._off_fit = 1 if off > 0 else -1
+        if abs(self._off_fit) >= _SHIFT_SAMPLES:
+            self._off_fit = 0
+            return True
+        return False
+
+    def _add(self, num_running: int, step_ms: float, now: float) -> None:
         bucket = self._buckets.get(num_running)
         if bucket is None:
             self._buckets[num_running] = _Bucket(step_ms, 1.0, now)
@@ -97,6 +131,7 @@ class StepCurve:
             tokens_per_s=float(throughput[best]),
             step_ms=float(fitted[best]),
             at_edge=best + 1 >= 0.9 * top,
+            decline=1.0 - float(throughput[-1] / throughput[best]),
         )
 
     def step_ms_at(self, now: float, concurrency: int) -> float | None:

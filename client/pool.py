@@ -189,7 +189,8 @@ class EndpointPool:
         if endpoint.adaptive is not None:
             endpoint.adaptive.on_success(
                 grant.epoch, grant.reservation.tokens, hints, now=self._clock(),
-                sent_at=grant.sent_at, completion_tokens=completion_tokens)
+                sent_at=grant.sent_at, completion_tokens=completion_tokens,
+                used_tokens=used_tokens)
 
     def report_failure(self, grant: Grant, error: BaseException, retryable: bool) -> None:
         """Settle a failed attempt; a retryable failure cools its endpoint down."""

@@ -19,7 +19,7 @@ LOAD = ServerLoad(0.0, 0, 0, 1000, 0, max_num_seqs=8, max_num_batched_tokens=512
 
 def test_plan_from_load():
     assert plan_budget(AdaptiveConfig(), LOAD, 500, None) == BudgetPlan(
-        initial_tokens=900, min_tokens=56, max_tokens=4000, initial_concurrency=8,
+        initial_tokens=900, min_tokens=56, max_tokens=4000, initial_concurrency=16,
         max_concurrency=16, waiting_high=2, kv_tokens=1000,
     )
 

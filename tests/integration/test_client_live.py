@@ -201,7 +201,7 @@ async def test_auto_budget_is_planned_from_the_servers_load(server: LiveServer) 
             safe, 4 * KV_TOKENS, KV_TOKENS)
         assert (plan.max_concurrency, plan.waiting_high) == (2 * MAX_NUM_SEQS, 2)
         assert (endpoint.budget.capacity, endpoint.budget.hard_limit) == (safe, 4 * KV_TOKENS)
-        assert endpoint.budget.max_concurrency == min(8, 2 * MAX_NUM_SEQS)
+        assert endpoint.budget.max_concurrency == min(16, 2 * MAX_NUM_SEQS)
 
 
 def gated_counter(release_below: int,
