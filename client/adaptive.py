@@ -50,11 +50,13 @@ _PROBE_GROWTH = 1.25
 # the batch short for a moment, and a few queued requests refill it at once.
 _PEAK_MARGIN = 0.05
 _PEAK_MARGIN_MIN = 2
-_PEAK_DECLINE = 0.05
+_PEAK_DECLINE = 0.1
 _REACHED = 0.8
+_BOTH_SIDES = 1.1
 _OVERCOMMIT_GROWTH = 1.25
 _EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
 _SHARED_KV_SHARE = 0.4
+_MIN_FINISHED = 16  # answers seen before reservations may be judged against real use
 _SMOOTHING = 0.1
 _KV_BACKOFF = 0.85
 
@@ -191,6 +193,7 @@ class AdaptiveBudget:
         self._preemptions: int | None = None
         self._found_peak = False
         self._used_share = 1.0  # smoothed used / reserved tokens of finished requests
+        self._finished = 0
         self._round_trip_s = config.interval_s  # smoothed time from send to answer
         self._next_overcommit = now
         budget.max_concurrency = self.concurrency
@@ -241,6 +244,7 @@ class AdaptiveBudget:
         """A request sent in ``sent_epoch`` (at ``sent_at``) finished, holding ``tokens`` and
         using ``used_tokens``; ``hints`` came with its answer (None from servers that send
         none)."""
+        self._finished += 1
         if used_tokens is not None and tokens > 0:
             self._used_share += _SMOOTHING * (min(1.0, used_tokens / tokens) - self._used_share)
         if now is not None and sent_at is not None:
@@ -309,16 +313,18 @@ class AdaptiveBudget:
             return self.window * growth, "probe" if self._found_peak else "startup"
         assert peak is not None
         bottom = min(n for n, _, _ in self.curve.points(now))
-        if peak.concurrency <= bottom:
-            # The fit puts the peak at or below anything measured lately: go just under it,
-            # so that the running count drops and the fit gets data on both sides.
-            return float(peak.concurrency - 1), "descend"
+        if peak.concurrency <= _BOTH_SIDES * bottom:
+            # The fit puts the peak at or below the least measured lately, where it is an
+            # extrapolation: step under both, so that the running count drops and the fit
+            # gets data on both sides of the peak.
+            return float(min(peak.concurrency, round(bottom)) - 1), "descend"
         margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
         return peak.concurrency + margin, "peak"
 
     def _tune_tokens(self, interval: _Interval, now: float) -> None:
         """Grow the token capacity past the KV size where reservations overstate the cache."""
-        if self.plan.kv_tokens is None or now < self._next_overcommit:
+        if (self.plan.kv_tokens is None or now < self._next_overcommit
+                or self._finished < _MIN_FINISHED):
             return
         overstated = (self._used_share < _EARLY_STOP_SHARE
                       or interval.kv_per_reserved < _SHARED_KV_SHARE)

@@ -36,9 +36,15 @@ _SHIFT_SAMPLES = 8  # so many in a row, all above or all below the fit, and the 
 
 @dataclass(slots=True)
 class _Bucket:
+    running: float  # the mean running count of its samples
     step_ms: float
     weight: float
     seen_at: float
+
+
+def _bucket_key(num_running: int) -> int:
+    """Exact counts up to 16, then about 6% wide: samples pool where they are sparse."""
+    return num_running if num_running <= 16 else 16 + round(math.log(num_running / 16) / 0.06)
 
 
 @dataclass(slots=True, frozen=True)
@@ -91,23 +97,25 @@ class StepCurve:
         return False
 
     def _add(self, num_running: int, step_ms: float, now: float) -> None:
-        bucket = self._buckets.get(num_running)
+        key = _bucket_key(num_running)
+        bucket = self._buckets.get(key)
         if bucket is None:
-            self._buckets[num_running] = _Bucket(step_ms, 1.0, now)
+            self._buckets[key] = _Bucket(float(num_running), step_ms, 1.0, now)
             return
         weight = min(self._faded(bucket, now) + 1.0, _MAX_WEIGHT)
+        bucket.running += (num_running - bucket.running) / weight
         bucket.step_ms += (step_ms - bucket.step_ms) / weight
         bucket.weight, bucket.seen_at = weight, now
 
-    def points(self, now: float) -> list[tuple[int, float, float]]:
-        """(running count, step ms, weight) of every bucket still remembered."""
+    def points(self, now: float) -> list[tuple[float, float, float]]:
+        """(mean running count, step ms, weight) of every bucket still remembered."""
         points = []
-        for n, bucket in list(self._buckets.items()):
+        for key, bucket in list(self._buckets.items()):
             weight = self._faded(bucket, now)
             if weight < _MIN_WEIGHT:
-                del self._buckets[n]
+                del self._buckets[key]
             else:
-                points.append((n, bucket.step_ms, weight))
+                points.append((bucket.running, bucket.step_ms, weight))
         return sorted(points)
 
     def peak(self, now: float, limit: int | None = None) -> Peak | None:
@@ -119,7 +127,7 @@ class StepCurve:
         n = np.array([p[0] for p in points], dtype=float)
         step = np.array([p[1] for p in points])
         coef = _fit(n, step, np.array([p[2] for p in points]))
-        top = int(n.max()) if limit is None else min(int(n.max()), limit)
+        top = round(n.max()) if limit is None else min(round(n.max()), limit)
         grid = np.arange(1, top + 1, dtype=float)
         fitted = coef[0] + coef[1] * grid + coef[2] * grid * grid
         # A fit may dip below anything measured at the edges; such a point is no evidence.
