@@ -50,8 +50,8 @@ _PROBE_GROWTH = 1.25
 # the batch short for a moment, and a few queued requests refill it at once.
 _PEAK_MARGIN = 0.05
 _PEAK_MARGIN_MIN = 2
-_PEAK_DECLINE = 0.1
-_REACHED = 0.8
+_PEAK_DECLINE = 0.05
+_REACHED = 0.9
 _BOTH_SIDES = 1.1
 _OVERCOMMIT_GROWTH = 1.25
 _EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
@@ -74,7 +74,7 @@ class AdaptiveConfig:
     kv_usage_low: float = 0.75
     waiting_high: int | None = None
     interval_s: float = 0.3
-    memory_s: float = 6.0
+    memory_s: float = 20.0
     target: LatencyTarget | None = None
 
     def __post_init__(self) -> None:
@@ -196,6 +196,7 @@ class AdaptiveBudget:
         self._finished = 0
         self._round_trip_s = config.interval_s  # smoothed time from send to answer
         self._next_overcommit = now
+        self._settle_until = now
         budget.max_concurrency = self.concurrency
 
     @property
@@ -210,9 +211,14 @@ class AdaptiveBudget:
 
     def observe(self, hints: LoadHints, now: float) -> None:
         """A load sample (a response's headers or a ``GET /load``) taken at ``now``."""
-        if hints.step_ms is not None and self.curve.observe(hints.num_running, hints.step_ms,
-                                                            now):
-            self._found_peak = False  # explore the moved curve from where it now runs
+        # Right after the window grew, the steps prefill the requests it let in: they say
+        # what a burst of arrivals costs, not what that many running sequences cost.
+        settled = now >= self._settle_until
+        if settled and hints.step_ms is not None and self.curve.observe(
+                hints.num_running, hints.step_ms, now):
+            # Explore the moved curve from where it now runs, in probing steps: a start-up's
+            # doubling from a window already sized for a server is too coarse.
+            self._found_peak = True
             self.history.append(("shift", self.concurrency, self.budget.capacity))
         budget = self.budget
         held = hints.kv_cache_usage * (self.plan.kv_tokens or 0)
@@ -287,6 +293,8 @@ class AdaptiveBudget:
             if window > self.latency.cap:
                 window, reason = self.latency.cap, "latency"
         if now >= self._cut_until or window < self.window:
+            if int(window) > self.concurrency:
+                self._settle_until = now + self.config.interval_s
             self._set(window, reason)
 
     def _window_for(
@@ -296,30 +304,56 @@ class AdaptiveBudget:
             # The server runs what it can (its batch or KV limit); more only queues there.
             return running + self.plan.waiting_high, "queue"
         peak = self.curve.peak(now, self.plan.max_concurrency)
-        top = max((n for n, _, _ in self.curve.points(now)), default=0)
+        top = max((n for n, _, _ in self.curve.fit_points(now)), default=0)
         # A peak counts once the curve has been seen well past it and falling there: noise
         # over a few running counts fits a false summit, and stopping short of the real one
         # costs far more throughput than going a little past it.
         explored = (peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
-                    and peak.decline >= _PEAK_DECLINE)
+                    and peak.decline >= _PEAK_DECLINE and self._measured_decline(now, top))
         self._found_peak |= explored
         if not explored:
-            if not interval.window_full or not (
+            if not interval.window_full or top < _REACHED * self.window or not (
                     _REACHED * self.window <= running <= self.window + 1):
                 # The window did not limit the load, the server has yet to run what it
-                # allows, or it still drains from a larger window: nothing to learn by growing.
+                # allows (or the curve to see it), or it still drains from a larger window:
+                # nothing to learn by growing.
                 return self.window, "hold"
+            self._found_peak |= self._doubling_pays_little(now, top)
             growth = _PROBE_GROWTH if self._found_peak else _STARTUP_GROWTH
             return self.window * growth, "probe" if self._found_peak else "startup"
         assert peak is not None
-        bottom = min(n for n, _, _ in self.curve.points(now))
+        bottom = min(n for n, _, _ in self.curve.fit_points(now))
         if peak.concurrency <= _BOTH_SIDES * bottom:
             # The fit puts the peak at or below the least measured lately, where it is an
             # extrapolation: step under both, so that the running count drops and the fit
             # gets data on both sides of the peak.
-            return float(min(peak.concurrency, round(bottom)) - 1), "descend"
+            return min(self.window, float(min(peak.concurrency, round(bottom)) - 1)), "descend"
         margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
         return peak.concurrency + margin, "peak"
+
+    def _gain(self, now: float, top: float, ratio: float) -> float | None:
+        """Measured throughput at the top of the curve over that at ``ratio × top``; None
+        unless both are known and apart."""
+        high = self.curve.measured_tokens_per_s(now, top)
+        low = self.curve.measured_tokens_per_s(now, ratio * top)
+        if high is None or low is None or high[0] <= low[0]:
+            return None
+        return high[1] / low[1]
+
+    def _measured_decline(self, now: float, top: float) -> bool:
+        """The buckets themselves, not only the fit, make less at the top than somewhere
+        below it: a fit through four or more points can still bend on noise."""
+        points = self.curve.fit_points(now)
+        if len(points) < 4:
+            return False
+        rates = [n / step for n, step, _ in points]
+        return rates[-1] <= (1.0 - _PEAK_DECLINE) * max(rates)
+
+    def _doubling_pays_little(self, now: float, top: float) -> bool:
+        """True when the last doubling of the running count gained under a quarter more
+        throughput (BBR's test for leaving its start-up): grow in smaller steps from here."""
+        gain = self._gain(now, top, 0.5)
+        return gain is not None and gain < 1.25
 
     def _tune_tokens(self, interval: _Interval, now: float) -> None:
         """Grow the token capacity past the KV size where reservations overstate the cache."""

@@ -75,7 +75,8 @@ class LatencyGuard:
 
     def update(self, running: float, floor: int, now: float) -> None:
         """Move the cap from the samples gathered since it last moved."""
-        if len(self._samples) < _MIN_SAMPLES:
+        # A small window answers slowly: ask it for fewer samples, or it would never move.
+        if len(self._samples) < max(3, min(_MIN_SAMPLES, round(running))):
             return
         observed = float(np.percentile(np.array(self._samples), self.target.percentile))
         self.observed_ms = observed

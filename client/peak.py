@@ -30,6 +30,7 @@ import numpy as np
 # 1/_MAX_WEIGHT, so a bucket follows a changed workload instead of averaging over it forever.
 _MAX_WEIGHT = 16.0
 _MIN_WEIGHT = 0.05  # a bucket this faded is forgotten
+_FIT_WEIGHT = 2.0  # a bucket with less (one sample, or faded) is too thin to fit through
 _SHIFT = 0.3  # a sample this far off the fit (as a share of it) counts towards a shift
 _SHIFT_SAMPLES = 8  # so many in a row, all above or all below the fit, and the curve moved
 
@@ -61,7 +62,7 @@ class Peak:
 class StepCurve:
     """Step time against running count, as observed through the load hints."""
 
-    def __init__(self, memory_s: float = 6.0) -> None:
+    def __init__(self, memory_s: float = 20.0) -> None:
         if not memory_s > 0:
             raise ValueError(f"memory_s must be positive, got {memory_s}")
         self.memory_s = memory_s
@@ -120,8 +121,8 @@ class StepCurve:
 
     def peak(self, now: float, limit: int | None = None) -> Peak | None:
         """The fitted best concurrency up to the largest observed (or ``limit``); None until
-        three distinct running counts are known."""
-        points = self.points(now)
+        three well-sampled running counts are known."""
+        points = self.fit_points(now)
         if len(points) < 3:
             return None
         n = np.array([p[0] for p in points], dtype=float)
@@ -142,14 +143,27 @@ class StepCurve:
             decline=1.0 - float(throughput[-1] / throughput[best]),
         )
 
-    def step_ms_at(self, now: float, concurrency: int) -> float | None:
+    def fit_points(self, now: float) -> list[tuple[float, float, float]]:
+        """The points with weight enough to fit through."""
+        return [p for p in self.points(now) if p[2] >= _FIT_WEIGHT]
+
+    def step_ms_at(self, now: float, concurrency: float) -> float | None:
         """The fitted step time at ``concurrency`` (None without enough samples)."""
-        points = self.points(now)
+        points = self.fit_points(now)
         if len(points) < 3:
             return None
         coef = _fit(np.array([p[0] for p in points], dtype=float),
                     np.array([p[1] for p in points]), np.array([p[2] for p in points]))
         return float(coef[0] + coef[1] * concurrency + coef[2] * concurrency**2)
+
+    def measured_tokens_per_s(self, now: float, near: float) -> tuple[float, float] | None:
+        """(running count, tokens per second) of the well-sampled bucket nearest ``near``,
+        as measured rather than fitted (two buckets already say which way the curve goes)."""
+        points = self.fit_points(now)
+        if not points:
+            return None
+        n, step, _ = min(points, key=lambda p: abs(p[0] - near))
+        return n, n / step * 1000.0
 
     def _faded(self, bucket: _Bucket, now: float) -> float:
         return bucket.weight * math.exp(-max(0.0, now - bucket.seen_at) / self.memory_s)

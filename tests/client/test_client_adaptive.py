@@ -145,13 +145,18 @@ def test_settles_within_ten_percent_of_the_peak():
 
 
 def test_follows_the_peak_when_the_workload_changes():
-    engine = FakeEngine(base_ms=20.0, c_ms=0.02)
+    engine = FakeEngine(base_ms=20.0, c_ms=0.08)  # long contexts: the peak is at 15.8
     sim = Simulation(engine)
-    sim.run(15.0)
-    engine.c_ms = 0.08  # longer contexts: the peak moves from 31.6 down to 15.8
-    sim.run(15.0)
-    running, _ = sim.mean_since(sim.now - 5.0)
+    sim.run(20.0)
+    engine.c_ms = 0.02  # short ones: it moves up to 31.6, found by probing within seconds
+    sim.run(8.0)
+    running, _ = sim.mean_since(sim.now - 3.0)
     assert abs(running - engine.peak) <= 0.1 * engine.peak + 2
+    engine.c_ms = 0.08  # and back down: the window drains as answers of ~5 s come back
+    sim.run(30.0)
+    running, _ = sim.mean_since(sim.now - 3.0)
+    assert abs(running - engine.peak) <= 0.1 * engine.peak + 2
+    assert "shift" in [reason for reason, _, _ in sim.controller.history]
 
 
 def test_steps_back_when_the_server_starts_preempting():
