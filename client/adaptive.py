@@ -50,7 +50,7 @@ _PROBE_GROWTH = 1.25
 # the batch short for a moment, and a few queued requests refill it at once.
 _PEAK_MARGIN = 0.05
 _PEAK_MARGIN_MIN = 2
-_PEAK_DECLINE = 0.05
+_PEAK_DECLINE = 0.15
 _REACHED = 0.9
 _BOTH_SIDES = 1.1
 _OVERCOMMIT_GROWTH = 1.25
