@@ -62,11 +62,11 @@ class Shape:
 
 
 SHAPES = {
-    "sharegpt": Shape("sharegpt", 128, LengthDistribution(80.0, 0.8, 4, 512),
+    "sharegpt": Shape("sharegpt", 96, LengthDistribution(80.0, 0.8, 4, 512),
                       LengthDistribution(170.0, 0.8, 4, 768)),
-    "alpaca": Shape("alpaca", 384, LengthDistribution(19.0, 0.6, 2, 128),
+    "alpaca": Shape("alpaca", 320, LengthDistribution(19.0, 0.6, 2, 128),
                     LengthDistribution(58.0, 0.8, 2, 256)),
-    "prefix": Shape("prefix", 256, LengthDistribution(24.0, 0.5, 4, 96),
+    "prefix": Shape("prefix", 240, LengthDistribution(24.0, 0.5, 4, 96),
                     LengthDistribution(48.0, 0.6, 4, 192), prefix_tokens=SHOTS * SHOT_TOKENS),
 }
 
@@ -268,11 +268,11 @@ def build_checkpoint(directory: Path, hidden: int, layers: int) -> Path:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
-                        help="a quarter of the requests, three budgets, a smaller model")
+                        help="a quarter of the requests, three budgets")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--budgets", default="2048,4096,8192,16384,32768,65536")
-    parser.add_argument("--hidden-size", type=int, default=512)
-    parser.add_argument("--num-layers", type=int, default=8)
+    parser.add_argument("--budgets", default="4096,8192,16384,32768,65536")
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--num-kv-blocks", type=int, default=1536,
                         help="KV cache of the server, in 16-token blocks")
     parser.add_argument("--small-max-num-seqs", type=int, default=8,
@@ -285,7 +285,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true", help="print auto's decisions")
     args = parser.parse_args(argv)
     if args.quick:
-        args.hidden_size, args.num_layers = 256, 4
         args.budgets = "4096,16384,65536"
     return args
 

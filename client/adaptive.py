@@ -50,9 +50,10 @@ _PROBE_GROWTH = 1.25
 # the batch short for a moment, and a few queued requests refill it at once.
 _PEAK_MARGIN = 0.05
 _PEAK_MARGIN_MIN = 2
-_PEAK_DECLINE = 0.15
+_PEAK_DECLINE = 0.25
 _REACHED = 0.9
 _BOTH_SIDES = 1.1
+_DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _OVERCOMMIT_GROWTH = 1.25
 _EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
 _SHARED_KV_SHARE = 0.4
@@ -311,6 +312,11 @@ class AdaptiveBudget:
         explored = (peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
                     and peak.decline >= _PEAK_DECLINE and self._measured_decline(now, top))
         self._found_peak |= explored
+        collapse = self._collapse(now)
+        if not explored and collapse is not None:
+            # Too few points for a fit to confirm, but the measurements alone show the top
+            # making a quarter less than a smaller batch did: never grow into that.
+            return min(self.window, collapse), "descend"
         if not explored:
             if not interval.window_full or top < _REACHED * self.window or not (
                     _REACHED * self.window <= running <= self.window + 1):
@@ -327,7 +333,8 @@ class AdaptiveBudget:
             # The fit puts the peak at or below the least measured lately, where it is an
             # extrapolation: step under both, so that the running count drops and the fit
             # gets data on both sides of the peak.
-            return min(self.window, float(min(peak.concurrency, round(bottom)) - 1)), "descend"
+            step_down = min(float(peak.concurrency), _DESCENT * bottom, bottom - 1)
+            return min(self.window, max(step_down, _DESCENT * _DESCENT * bottom)), "descend"
         margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
         return peak.concurrency + margin, "peak"
 
@@ -339,6 +346,17 @@ class AdaptiveBudget:
         if high is None or low is None or high[0] <= low[0]:
             return None
         return high[1] / low[1]
+
+    def _collapse(self, now: float) -> float | None:
+        """The best measured running count when the top measures ``_PEAK_DECLINE`` under it."""
+        points = self.curve.fit_points(now)
+        if len(points) < 2:
+            return None
+        rates = [(n / step, n) for n, step, _ in points]
+        best_rate, best_n = max(rates)
+        if rates[-1][0] > (1.0 - _PEAK_DECLINE) * best_rate:
+            return None
+        return best_n + max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * best_n)
 
     def _measured_decline(self, now: float, top: float) -> bool:
         """The buckets themselves, not only the fit, make less at the top than somewhere

@@ -81,6 +81,9 @@ class StepCurve:
         return shifted
 
     def _track_shift(self, num_running: int, step_ms: float, now: float) -> bool:
+        points = self.fit_points(now)
+        if not points or not points[0][0] <= num_running <= points[-1][0]:
+            return False  # outside the fitted range the fit guesses: no evidence either way
         expected = self.step_ms_at(now, num_running)
         if expected is None or expected <= 0:
             self._off_fit = 0
