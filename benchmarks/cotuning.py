@@ -11,7 +11,9 @@ batch runner, side by side in one run:
   alpaca     short answers (mean 19 in, 58 out)
   prefix     a 5-shot prompt shared by every request (320 tokens) plus a short question
 
-First a sweep of fixed ``--max-inflight-tokens`` budgets, then ``auto``. Every request
+A sweep of fixed ``--max-inflight-tokens`` budgets and ``auto``, ``--rounds`` times each in
+alternating order (forward, then backward), so that a drift in the machine's load hits every
+configuration alike; a configuration's throughput is over its rounds' summed time. Every request
 reserves exactly what it uses (token-id prompts, ``ignore_eos``, ``max_tokens`` = its answer
 length), and each run salts its prompts so no run finds another's prompts in the prefix cache
 (the 5-shot prefix is the same in every run: that is the point of the shape).
@@ -62,11 +64,11 @@ class Shape:
 
 
 SHAPES = {
-    "sharegpt": Shape("sharegpt", 96, LengthDistribution(80.0, 0.8, 4, 512),
+    "sharegpt": Shape("sharegpt", 64, LengthDistribution(80.0, 0.8, 4, 512),
                       LengthDistribution(170.0, 0.8, 4, 768)),
-    "alpaca": Shape("alpaca", 320, LengthDistribution(19.0, 0.6, 2, 128),
+    "alpaca": Shape("alpaca", 192, LengthDistribution(19.0, 0.6, 2, 128),
                     LengthDistribution(58.0, 0.8, 2, 256)),
-    "prefix": Shape("prefix", 240, LengthDistribution(24.0, 0.5, 4, 96),
+    "prefix": Shape("prefix", 160, LengthDistribution(24.0, 0.5, 4, 96),
                     LengthDistribution(48.0, 0.6, 4, 192), prefix_tokens=SHOTS * SHOT_TOKENS),
 }
 
@@ -187,14 +189,43 @@ def print_row(r: RunResult) -> None:
           f"/ {r.mean_inflight_requests:5.1f} req", flush=True)
 
 
+def merge(runs: list[RunResult]) -> RunResult:
+    """One configuration's rounds as one result: throughput over the summed wall time,
+    latency percentiles and in-flight means averaged, counts summed."""
+    return RunResult(
+        budget=runs[0].budget,
+        wall_s=sum(r.wall_s for r in runs),
+        completion_tokens=sum(r.completion_tokens for r in runs),
+        errors=sum(r.errors for r in runs),
+        p50_ms=float(np.mean([r.p50_ms for r in runs])),
+        p99_ms=float(np.mean([r.p99_ms for r in runs])),
+        preemptions=sum(r.preemptions for r in runs),
+        rate_limited=sum(r.rate_limited for r in runs),
+        mean_inflight_tokens=float(np.mean([r.mean_inflight_tokens for r in runs])),
+        mean_inflight_requests=float(np.mean([r.mean_inflight_requests for r in runs])),
+    )
+
+
+def rounds(configs: list[Any], count: int) -> list[Any]:
+    """Forward, then backward, and so on: a drift in the machine's load over the run hits
+    every configuration about equally."""
+    order: list[Any] = []
+    for i in range(count):
+        order += configs if i % 2 == 0 else configs[::-1]
+    return order
+
+
 async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
-                      seed: int) -> dict[str, Any]:
-    print(f"{shape.name}: {shape.requests} requests", flush=True)
-    runs = []
-    for salt, budget in enumerate([*budgets, "auto"]):
+                      seed: int, num_rounds: int) -> dict[str, Any]:
+    print(f"{shape.name}: {shape.requests} requests, {num_rounds} rounds", flush=True)
+    results: dict[str, list[RunResult]] = {}
+    for salt, budget in enumerate(rounds([*budgets, "auto"], num_rounds)):
         requests = make_requests(shape, model, seed, salt=seed * 1000 + salt)
-        runs.append(await run_once([url], budget, requests))
-        print_row(runs[-1])
+        result = await run_once([url], budget, requests)
+        results.setdefault(str(budget), []).append(result)
+    runs = [merge(results[str(b)]) for b in [*budgets, "auto"]]
+    for run in runs:
+        print_row(run)
     fixed, auto = runs[:-1], runs[-1]
     best = max(fixed, key=lambda r: r.tokens_per_s)
     return {
@@ -206,16 +237,20 @@ async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
     }
 
 
-async def two_replicas(urls: list[str], model: str, seed: int) -> dict[str, Any]:
+async def two_replicas(urls: list[str], model: str, seed: int,
+                       num_rounds: int) -> dict[str, Any]:
     shape = SHAPES["sharegpt"]
-    shape = Shape(shape.name, shape.requests * 3 // 2, shape.input, shape.output)
-    print(f"two replicas (auto), {shape.requests} sharegpt requests", flush=True)
-    runs = {}
-    for salt, (label, targets) in enumerate(
-            [("large", urls[:1]), ("small", urls[1:]), ("both", urls)]):
+    print(f"two replicas (auto), {shape.requests} sharegpt requests, {num_rounds} rounds",
+          flush=True)
+    targets = {"large": urls[:1], "small": urls[1:], "both": urls}
+    results: dict[str, list[RunResult]] = {}
+    for salt, label in enumerate(rounds(list(targets), num_rounds)):
         requests = make_requests(shape, model, seed, salt=seed * 2000 + salt)
-        runs[label] = await run_once(targets, "auto", requests, label)
-        print_row(runs[label])
+        result = await run_once(targets[label], "auto", requests, label)
+        results.setdefault(label, []).append(result)
+    runs = {label: merge(results[label]) for label in targets}
+    for run in runs.values():
+        print_row(run)
     solo = runs["large"].tokens_per_s + runs["small"].tokens_per_s
     return {
         "runs": {k: {**asdict(v), "tokens_per_s": v.tokens_per_s} for k, v in runs.items()},
@@ -282,10 +317,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch threads per server (1: two replicas get a core each)")
     parser.add_argument("--plots", type=Path, default=None, help="write PNGs here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="runs of each configuration, in alternating order")
     parser.add_argument("--verbose", action="store_true", help="print auto's decisions")
     args = parser.parse_args(argv)
     if args.quick:
-        args.budgets = "4096,16384,65536"
+        args.budgets, args.rounds = "4096,16384,65536", 1
     return args
 
 
@@ -305,7 +342,8 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
     for name in args.shapes.split(","):
         shape = scaled(SHAPES[name], args.quick)
         await run_once(urls[:1], 4096, make_requests(shape, model, 99, 99)[:8])  # warm up
-        shapes[name] = await sweep_shape(urls[0], model, shape, budgets, args.seed)
+        shapes[name] = await sweep_shape(urls[0], model, shape, budgets, args.seed,
+                                         args.rounds)
         if args.plots is not None:
             print(f"  plot: {plot(name, shapes[name], args.plots)}", flush=True)
     line: dict[str, Any] = {
@@ -319,7 +357,7 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
         "auto_429s": sum(v["auto_429s"] for v in shapes.values()),
     }
     if len(urls) > 1:
-        replicas = await two_replicas(urls, model, args.seed)
+        replicas = await two_replicas(urls, model, args.seed, args.rounds)
         line["two_replicas"] = replicas
         line["two_replicas_vs_sum_of_solo"] = replicas["two_replicas_vs_sum_of_solo"]
     return line
