@@ -53,6 +53,7 @@ _PEAK_MARGIN_MIN = 2
 _PEAK_DECLINE = 0.25
 _REACHED = 0.9
 _BOTH_SIDES = 1.1
+_STARTUP_EXIT = 2
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _OVERCOMMIT_GROWTH = 1.25
 _EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
@@ -74,7 +75,7 @@ class AdaptiveConfig:
     kv_usage_high: float = 0.9
     kv_usage_low: float = 0.75
     waiting_high: int | None = None
-    interval_s: float = 0.3
+    interval_s: float = 0.25
     memory_s: float = 20.0
     target: LatencyTarget | None = None
 
@@ -193,6 +194,7 @@ class AdaptiveBudget:
         self._cut_until = -math.inf
         self._preemptions: int | None = None
         self._found_peak = False
+        self._small_gains = 0
         self._used_share = 1.0  # smoothed used / reserved tokens of finished requests
         self._finished = 0
         self._round_trip_s = config.interval_s  # smoothed time from send to answer
@@ -324,7 +326,11 @@ class AdaptiveBudget:
                 # allows (or the curve to see it), or it still drains from a larger window:
                 # nothing to learn by growing.
                 return self.window, "hold"
-            self._found_peak |= self._doubling_pays_little(now, top)
+            # BBR leaves its start-up after three rounds without a quarter more bandwidth;
+            # on a noisy machine two doublings that paid little are evidence enough.
+            self._small_gains = self._small_gains + 1 if self._doubling_pays_little(
+                now, top) else 0
+            self._found_peak |= self._small_gains >= _STARTUP_EXIT
             growth = _PROBE_GROWTH if self._found_peak else _STARTUP_GROWTH
             return self.window * growth, "probe" if self._found_peak else "startup"
         assert peak is not None
@@ -343,14 +349,14 @@ class AdaptiveBudget:
         unless both are known and apart."""
         high = self.curve.measured_tokens_per_s(now, top)
         low = self.curve.measured_tokens_per_s(now, ratio * top)
-        if high is None or low is None or high[0] <= low[0]:
-            return None
+        if high is None or low is None or not low[0] <= 1.2 * ratio * top < high[0]:
+            return None  # nothing measured near enough to ``ratio × top``
         return high[1] / low[1]
 
     def _collapse(self, now: float) -> float | None:
         """The best measured running count when the top measures ``_PEAK_DECLINE`` under it."""
         points = self.curve.fit_points(now)
-        if len(points) < 2:
+        if len(points) < 3:
             return None
         rates = [(n / step, n) for n, step, _ in points]
         best_rate, best_n = max(rates)
