@@ -26,6 +26,7 @@ window's worth of answers, up to where it started.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from pagedserve.client.latency_target import LatencyGuard, LatencyTarget, estima
 from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.peak import StepCurve
 from pagedserve.client.types import ServerLoad
+
+logger = logging.getLogger(__name__)
 
 # How far past the KV cache the token capacity may grow: reservations count max_tokens for
 # every request, while most stop early, so the cache fills at well below the reserved total.
@@ -292,7 +295,11 @@ class AdaptiveBudget:
         self._tune_tokens(interval, now)
         window, reason = self._window_for(interval, running, waiting, now)
         if self.latency is not None:
+            was_unreachable = self.latency.unreachable
             self.latency.update(running, 1, now)
+            if self.latency.unreachable and not was_unreachable:
+                logger.warning("latency target cannot be met at any budget: %s with one "
+                               "request in flight", self.latency.describe())
             if window > self.latency.cap:
                 window, reason = self.latency.cap, "latency"
         if now >= self._cut_until or window < self.window:

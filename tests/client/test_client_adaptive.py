@@ -261,3 +261,32 @@ def test_latency_target_rejects_bad_values(args, message):
     with pytest.raises(ValueError) as info:
         LatencyTarget(*args)
     assert str(info.value) == message
+
+
+def test_cli_latency_target_flags():
+    import argparse
+
+    from pagedserve.client import cli
+
+    parser = argparse.ArgumentParser(prog="pagedserve batch")
+    cli.add_arguments(parser)
+    args = parser.parse_args(["i", "o", "--base-url", "http://a:1", "--target-tpot-ms", "40",
+                              "--target-percentile", "99"])
+    pool, _ = cli.configs_from_args(args)
+    assert pool.adaptive.target == LatencyTarget("tpot", 40.0, 99.0)
+    args = parser.parse_args(["i", "o", "--base-url", "http://a:1", "--target-ttft-ms", "500"])
+    assert cli.configs_from_args(args)[0].adaptive.target == LatencyTarget("ttft", 500.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["i", "o", "--base-url", "http://a:1", "--target-tpot-ms", "4",
+                           "--target-ttft-ms", "5"])
+
+
+def test_an_unreachable_target_is_logged(caplog):
+    engine = FakeEngine(base_ms=20.0, c_ms=0.02)
+    sim = Simulation(engine, AdaptiveConfig(target=LatencyTarget("tpot", 5.0)))
+    with caplog.at_level("WARNING", logger="pagedserve.client.adaptive"):
+        sim.run(30.0)
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "latency target cannot be met at any budget: p90 time per output token ")
+    assert record.getMessage().endswith("against a target of 5 ms with one request in flight")
