@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from pagedserve.client.budget import TokenBudget
 from pagedserve.client.latency_target import LatencyGuard, LatencyTarget, estimate_latency_ms
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.peak import StepCurve
 from pagedserve.client.types import ServerLoad
+from pagedserve.common.load_hints import LoadHints
 
 logger = logging.getLogger(__name__)
 

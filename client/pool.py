@@ -34,8 +34,8 @@ from pagedserve.client.errors import (
     BudgetExceededError,
     RateLimitError,
 )
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.retry import RetryPolicy, retry_after_seconds
+from pagedserve.common.load_hints import LoadHints
 
 DEFAULT_LOAD_POLL_S = 0.1
 

@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.errors import RequestFailedError
+from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.async_engine import AsyncEngine
+    from pagedserve.server.engine.async_engine import AsyncEngine, RequestStream
 
 _Item = tuple[int, RequestOutput | BaseException]
 
@@ -29,9 +30,10 @@ class GenerationBatch:
         self._engine = engine
         self._active = active
         self._metrics = metrics
-        self._streams: list[AsyncIterable[RequestOutput]] = []
+        self._streams: list[RequestStream] = []
         self._unfinished: set[str] = set()
         self._last_token_time: list[float | None] = []
+        self._params: list[SamplingParams] = []
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
 
@@ -50,8 +52,15 @@ class GenerationBatch:
         """Submits one engine request; raises the engine's errors at once."""
         stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt)
         self._streams.append(stream)
+        self._params.append(params)
         self._unfinished.add(request_id)
         self._last_token_time.append(None)
+
+    async def admitted(self) -> None:
+        """Returns once the engine has admitted every request; raises the first rejection.
+        A stream waits for this before its 200, so an invalid request gets its 400."""
+        for stream in self._streams:
+            await stream.admitted()
 
     def interrupt(self, error: BaseException) -> None:
         """Ends the batch from outside: its requests are aborted and the reader gets
@@ -70,6 +79,8 @@ class GenerationBatch:
             if isinstance(item, BaseException):
                 raise item
             self._observe(index, item)
+            if item.error is not None:
+                raise RequestFailedError(item.request_id, item.error)
             yield index, item
 
     async def final_outputs(self) -> list[RequestOutput]:
@@ -90,12 +101,14 @@ class GenerationBatch:
     def _observe(self, index: int, output: RequestOutput) -> None:
         last = output.metrics.last_token_time
         previous = self._last_token_time[index]
-        if last is not None and previous is not None and last > previous:
+        if last is not None and previous is None:
+            self._metrics.observe_first_token(output)
+        elif last is not None and previous is not None and last > previous:
             self._metrics.observe_inter_token_latency(last - previous)
         self._last_token_time[index] = last
         if output.finished:
             self._unfinished.discard(output.request_id)
-            self._metrics.observe_finished(output)
+            self._metrics.observe_finished(output, self._params[index])
 
     def _abort_unfinished(self) -> None:
         for request_id in self._unfinished:

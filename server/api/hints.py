@@ -12,17 +12,20 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from pagedserve.client.load_hints import LoadHints
+from pagedserve.common.load_hints import LoadHints
 from pagedserve.server.api.jsonio import json_response
 from pagedserve.server.api.state import ENGINE_KEY
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine, EngineStats
-    from pagedserve.server.engine.metrics import StepStats
+    from pagedserve.server.engine.engine_stats import StepStats
 
 # Weight of the newest step: about the last five steps count, so a change in the batch shows
 # within a few hundred milliseconds on CPU while one slow step does not swing the signal.
 STEP_SMOOTHING = 0.3
+
+
+_UNAUTHENTICATED = frozenset({401, 403})
 
 
 class StepClock:
@@ -72,9 +75,10 @@ def _hints(stats: EngineStats, clock: StepClock | None) -> LoadHints:
 
 
 async def add_load_hints(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: the engine's load as of this response."""
+    """``on_response_prepare``: the engine's load as of this response; none for a client
+    that has not authenticated."""
     engine = request.app.get(ENGINE_KEY)
-    if engine is not None:
+    if engine is not None and response.status not in _UNAUTHENTICATED:
         hints = _hints(engine.stats(), request.app.get(STEP_CLOCK_KEY))
         response.headers.update(hints.to_headers())
 
