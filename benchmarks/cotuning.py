@@ -64,8 +64,8 @@ class Shape:
 
 
 SHAPES = {
-    "sharegpt": Shape("sharegpt", 64, LengthDistribution(80.0, 0.8, 4, 512),
-                      LengthDistribution(170.0, 0.8, 4, 768)),
+    "sharegpt": Shape("sharegpt", 80, LengthDistribution(80.0, 0.8, 4, 512),
+                      LengthDistribution(170.0, 0.8, 4, 512)),
     "alpaca": Shape("alpaca", 192, LengthDistribution(19.0, 0.6, 2, 128),
                     LengthDistribution(58.0, 0.8, 2, 256)),
     "prefix": Shape("prefix", 160, LengthDistribution(24.0, 0.5, 4, 96),
