@@ -64,11 +64,11 @@ class Shape:
 
 
 SHAPES = {
-    "sharegpt": Shape("sharegpt", 80, LengthDistribution(80.0, 0.8, 4, 512),
+    "sharegpt": Shape("sharegpt", 200, LengthDistribution(80.0, 0.8, 4, 512),
                       LengthDistribution(170.0, 0.8, 4, 512)),
-    "alpaca": Shape("alpaca", 192, LengthDistribution(19.0, 0.6, 2, 128),
+    "alpaca": Shape("alpaca", 640, LengthDistribution(19.0, 0.6, 2, 128),
                     LengthDistribution(58.0, 0.8, 2, 256)),
-    "prefix": Shape("prefix", 160, LengthDistribution(24.0, 0.5, 4, 96),
+    "prefix": Shape("prefix", 480, LengthDistribution(24.0, 0.5, 4, 96),
                     LengthDistribution(48.0, 0.6, 4, 192), prefix_tokens=SHOTS * SHOT_TOKENS),
 }
 
@@ -240,6 +240,7 @@ async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
 async def two_replicas(urls: list[str], model: str, seed: int,
                        num_rounds: int) -> dict[str, Any]:
     shape = SHAPES["sharegpt"]
+    shape = Shape(shape.name, shape.requests // 2, shape.input, shape.output)
     print(f"two replicas (auto), {shape.requests} sharegpt requests, {num_rounds} rounds",
           flush=True)
     targets = {"large": urls[:1], "small": urls[1:], "both": urls}
@@ -305,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="a quarter of the requests, three budgets")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--budgets", default="4096,8192,16384,32768,65536")
+    parser.add_argument("--budgets", default="4096,8192,16384,65536")
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--num-kv-blocks", type=int, default=1536,
@@ -317,7 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="torch threads per server (1: two replicas get a core each)")
     parser.add_argument("--plots", type=Path, default=None, help="write PNGs here")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=1,
                         help="runs of each configuration, in alternating order")
     parser.add_argument("--verbose", action="store_true", help="print auto's decisions")
     args = parser.parse_args(argv)

@@ -37,7 +37,7 @@ from pagedserve.client.errors import (
 from pagedserve.client.retry import RetryPolicy, retry_after_seconds
 from pagedserve.common.load_hints import LoadHints
 
-DEFAULT_LOAD_POLL_S = 0.1
+DEFAULT_LOAD_POLL_S = 0.05
 
 
 @dataclass(slots=True, eq=False)
