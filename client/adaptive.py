@@ -4,10 +4,15 @@ Two limits move, per endpoint:
 
 - the **window**, the requests in flight (``TokenBudget.max_concurrency``), is where the
   throughput is: ``StepCurve`` fits the server's step time against its running count and
-  names the concurrency of most tokens per second. Until the curve shows a peak with room
-  beyond it, the window doubles each interval in which it was full (a slow start); at a
-  plateau it keeps probing a quarter higher; a queue on the server (it is at its own batch
-  limit) pulls the window back to what runs plus a small refill margin.
+  names the concurrency of most tokens per second. The window doubles while doubling pays (a
+  start-up, left after two doublings that gained under a quarter, as BBR leaves its own), then
+  grows a quarter at a time; each growth waits until the server runs the new window and the
+  curve has samples there. It settles at the fitted peak only once both the fit and the
+  samples themselves show the throughput a quarter lower well past it (noise fits false
+  summits, and stopping short costs more than going a little past), descending in steps when
+  the peak lies below what was measured lately. Samples alone showing such a fall stop any
+  growth. A queue on the server (its own batch limit) pulls the window back to what runs plus
+  a small refill margin.
 - the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
   every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
   preempt. The capacity grows past the KV size only on evidence that reservations overstate
