@@ -32,7 +32,7 @@ _MAX_WEIGHT = 16.0
 _MIN_WEIGHT = 0.05  # a bucket this faded is forgotten
 _FIT_WEIGHT = 2.0  # a bucket with less (one sample, or faded) is too thin to fit through
 _SHIFT = 0.3  # a sample this far off the fit (as a share of it) counts towards a shift
-_SHIFT_SAMPLES = 8  # so many in a row, all above or all below the fit, and the curve moved
+_SHIFT_SAMPLES = 40  # so many in a row (2 s of polling), all above or all below: it moved
 
 
 @dataclass(slots=True)
