@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from pagedserve.server.distributed.launcher import WorkerGroup
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.engine.kv_cache import KVCache
@@ -26,6 +27,7 @@ from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.parallel_layers import shard_config
 from pagedserve.server.models.tiny import resolve_model
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids
@@ -39,25 +41,29 @@ class LLMEngine:
         self.args = args
         torch.manual_seed(args.seed)
         self.model_dir = resolve_model(args.model)
-        self.device = torch.device(args.device)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
+        # Tensor parallelism: ranks 1..N-1 start here and load their shards meanwhile.
+        self.workers = WorkerGroup.start(args, self.model_dir)
+        self.device = self.workers.device
         self.model, self.model_config = load_model(
-            self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend
+            self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend,
+            group=self.workers.group,
         )
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.kv_cache = KVCache.create(
-            self.model_config, self.cache_config, self.max_model_len, self.model.dtype,
-            self.device, self.model.kernel_ops,
+            shard_config(self.model_config, self.workers.size), self.cache_config,
+            self.max_model_len, self.model.dtype, self.device, self.model.kernel_ops,
         )
+        self.workers.finish_startup(self.kv_cache)
         self.scheduler = Scheduler(
             self.scheduler_config, self.cache_config,
             num_device_blocks=self.kv_cache.num_device_blocks,
             num_cpu_blocks=self.kv_cache.num_cpu_blocks,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.cache_config.block_size,
-                                  self.device)
+        self.runner = self.workers.wrap(ModelRunner(
+            self.model, self.kv_cache, self.cache_config.block_size, self.device))
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
                                        self.model_config.vocab_size, self._eos_token_id())
@@ -69,6 +75,14 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args)
+
+    def check_health(self) -> None:
+        """Raises WorkerFailedError once a tensor-parallel worker is known to be gone."""
+        self.workers.check_health()
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers, if any. Idempotent."""
+        self.workers.shutdown()
 
     def _max_model_len(self, requested: int | None) -> int:
         limit = self.model_config.max_model_len
