@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from pagedserve.server.engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
+    from pagedserve.server.distributed.info import ParallelInfo
     from pagedserve.server.engine.async_engine import EngineStats
 
 PREFIX = "pagedserve:"
@@ -122,3 +123,31 @@ class ServerMetrics:
         for histogram, start, end in spans:
             if start is not None and end is not None:
                 histogram.observe(max(0.0, end - start))
+
+
+# (name, help, ParallelInfo attribute): fixed at start-up, read at each scrape.
+_PARALLEL_GAUGES = (
+    ("tensor_parallel_size", "Ranks the model is split across (tensor parallelism).",
+     "tensor_parallel_size"),
+    ("kv_cache_blocks_per_rank", "KV-cache blocks of each rank's device pool (the same on "
+     "every rank).", "kv_blocks_per_rank"),
+    ("kv_cache_bytes_per_rank", "Device memory of each rank's share of the KV cache.",
+     "kv_bytes_per_rank"),
+)
+
+
+class ParallelConfigCollector(Collector):
+    """The tensor-parallel size and each rank's KV capacity, as gauges."""
+
+    def __init__(self, model_name: str, info: Callable[[], ParallelInfo | None]) -> None:
+        self._model_name = model_name
+        self._info = info
+
+    def collect(self) -> Iterator[Metric]:
+        info = self._info()
+        if info is None:
+            return
+        for name, doc, attr in _PARALLEL_GAUGES:
+            family = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+            family.add_metric([self._model_name], getattr(info, attr))
+            yield family

@@ -68,6 +68,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
+    from pagedserve.server.distributed.rendezvous import launched_rank
+
+    if launched_rank():  # a rank > 0 under torchrun serves rank 0's steps, not HTTP
+        from pagedserve.server.distributed.worker import run_launched_worker
+
+        return run_launched_worker()
     try:
         config = config_from_args(args)
     except ServerConfigError as exc:

@@ -2,7 +2,9 @@
 
 A group of size 1 is the single-device case: every collective is the identity, so the same
 model code serves both. ``device_group`` carries the tensor collectives (gloo on CPU, NCCL on
-CUDA); ``cpu_group`` carries the step messages, which always travel as CPU tensors.
+CUDA); ``cpu_group`` carries the step messages, which always travel as CPU objects. A group
+of N > 1 without process groups describes one rank's shard, enough to build and load it
+(tests compare shards that way) but not to run it.
 """
 
 from __future__ import annotations
@@ -38,8 +40,14 @@ class TensorParallelGroup:
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside a group of {self.world_size}")
-        if self.world_size > 1 and (self.device_group is None or self.cpu_group is None):
-            raise ValueError(f"a group of {self.world_size} ranks needs its process groups")
+
+    def _process_group(self) -> dist.ProcessGroup:
+        # A group without process groups describes a rank's shard (enough to build and load
+        # it) but cannot run it.
+        if self.device_group is None:
+            raise RuntimeError(f"rank {self.rank} of {self.world_size} has no process group to "
+                               f"communicate through (see rendezvous.init_group)")
+        return self.device_group
 
     @property
     def is_driver(self) -> bool:
@@ -55,7 +63,7 @@ class TensorParallelGroup:
         if self.world_size == 1:
             return tensor
         start = self._start(tensor)
-        dist.all_reduce(tensor, group=self.device_group)
+        dist.all_reduce(tensor, group=self._process_group())
         self._stop(start, tensor)
         return tensor
 
@@ -68,7 +76,7 @@ class TensorParallelGroup:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)] if (
             self.is_driver) else None
         start = self._start(tensor)
-        dist.gather(tensor, parts, dst=0, group=self.device_group)
+        dist.gather(tensor, parts, dst=0, group=self._process_group())
         self._stop(start, tensor)
         return torch.cat(parts, dim=-1) if parts is not None else None
 

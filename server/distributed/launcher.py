@@ -212,7 +212,8 @@ def _spawn(rdzv: Rendezvous, size: int) -> dict[int, BaseProcess]:
     processes: dict[int, BaseProcess] = {}
     for rank in range(1, size):
         # daemon: the interpreter's exit terminates them even if shutdown() never ran.
-        process = context.Process(target=worker_process, args=(rank, size, port, os.getpid()),
+        args = (rank, size, port, os.getpid(), logging.getLogger().getEffectiveLevel())
+        process = context.Process(target=worker_process, args=args,
                                   name=f"pagedserve-tp-worker-{rank}", daemon=True)
         process.start()
         processes[rank] = process

@@ -54,11 +54,13 @@ class KVBlocks:
     num_cpu_blocks: int
 
 
-def worker_process(rank: int, world_size: int, port: int, parent_pid: int) -> None:
-    """Entry point of a spawned worker. SIGINT is ignored: Ctrl-C reaches the whole process
-    group, and the engine, not the terminal, decides when its workers stop."""
+def worker_process(rank: int, world_size: int, port: int, parent_pid: int,
+                   log_level: int = logging.WARNING) -> None:
+    """Entry point of a spawned worker (logging at the engine's level). SIGINT is ignored:
+    Ctrl-C reaches the whole process group, and the engine, not the terminal, decides when
+    its workers stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO,
+    logging.basicConfig(level=log_level,
                         format=f"%(asctime)s %(levelname)s rank {rank} %(name)s: %(message)s")
     watch_parent(parent_pid)
     sys.exit(_serve_reporting(lambda: join_store(port, rank, world_size)))

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import torch
 
+from pagedserve.server.distributed.info import ParallelInfo
 from pagedserve.server.distributed.launcher import WorkerGroup
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.errors import InvalidRequestError
@@ -79,6 +80,14 @@ class LLMEngine:
     def check_health(self) -> None:
         """Raises WorkerFailedError once a tensor-parallel worker is known to be gone."""
         self.workers.check_health()
+
+    def parallel_info(self) -> ParallelInfo:
+        return ParallelInfo(
+            tensor_parallel_size=self.workers.size,
+            kv_blocks_per_rank=self.kv_cache.num_device_blocks,
+            kv_bytes_per_rank=self.kv_cache.num_device_blocks * self.kv_cache.bytes_per_block,
+            cpu_kv_blocks_per_rank=self.kv_cache.num_cpu_blocks,
+        )
 
     def shutdown(self) -> None:
         """Stops the tensor-parallel workers, if any. Idempotent."""
