@@ -2,9 +2,10 @@
 
 A group of size 1 is the single-device case: every collective is the identity, so the same
 model code serves both. ``device_group`` carries the tensor collectives (gloo on CPU, NCCL on
-CUDA); ``cpu_group`` carries the step messages, which always travel as CPU objects. A group
-of N > 1 without process groups describes one rank's shard, enough to build and load it
-(tests compare shards that way) but not to run it.
+CUDA); ``cpu_group`` carries the step messages, which always travel as CPU objects.
+Collectives call the process group's own methods, so a group need not be the process's
+default one (tests run two ranks as threads of one process). A group of N > 1 without process
+groups describes one rank's shard, enough to build and load it but not to run it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class TensorParallelGroup:
         if self.world_size == 1:
             return tensor
         start = self._start(tensor)
-        dist.all_reduce(tensor, group=self._process_group())
+        self._process_group().allreduce([tensor]).wait()
         self._stop(start, tensor)
         return tensor
 
@@ -75,8 +76,11 @@ class TensorParallelGroup:
         tensor = tensor.contiguous()
         parts = [torch.empty_like(tensor) for _ in range(self.world_size)] if (
             self.is_driver) else None
+        options = dist.GatherOptions()
+        options.rootRank = 0
         start = self._start(tensor)
-        dist.gather(tensor, parts, dst=0, group=self._process_group())
+        self._process_group().gather([parts] if parts is not None else [], [tensor],
+                                     options).wait()
         self._stop(start, tensor)
         return torch.cat(parts, dim=-1) if parts is not None else None
 
