@@ -1,5 +1,8 @@
-# pagedserve on CPU: `docker build -t pagedserve .` then `docker run -p 8000:8000 pagedserve`.
-# Any `pagedserve` subcommand runs in place of the default `serve`.
+# pagedserve on CPU: `docker build -t pagedserve .` then
+#   docker run -p 127.0.0.1:8000:8000 -e PAGEDSERVE_API_KEY=... pagedserve
+# (the server requires that bearer token when it is set). Any `pagedserve` subcommand runs in
+# place of the default `serve`. A server whose engine dies exits non-zero: run it with a
+# restart policy (`--restart unless-stopped`), as docker-compose.yml does.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \

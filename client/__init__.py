@@ -32,6 +32,7 @@ from pagedserve.client.errors import (
     UnprocessableEntityError,
 )
 from pagedserve.client.jobs import RunOptions, run_batch, run_batch_file
+from pagedserve.client.models import Model, ModelList
 from pagedserve.client.pool import Endpoint, EndpointPool
 from pagedserve.client.pool_config import PoolConfig, build_pool
 from pagedserve.client.retry import RetryPolicy
@@ -70,6 +71,8 @@ __all__ = [
     "InternalServerError",
     "InvalidRequestError",
     "ItemError",
+    "Model",
+    "ModelList",
     "NotFoundError",
     "PermissionDeniedError",
     "PoolConfig",

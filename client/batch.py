@@ -7,7 +7,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.client.errors import APIStatusError, ClientError
+from pagedserve.client.errors import (
+    APIConnectionError,
+    APIResponseValidationError,
+    APIStatusError,
+    APIStreamError,
+    APITimeoutError,
+    BudgetExceededError,
+    ClientError,
+    InvalidRequestError,
+)
 from pagedserve.client.resources import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
 from pagedserve.client.tokens import EndpointKind
 from pagedserve.client.types import Usage
@@ -35,23 +44,48 @@ class BatchRequest:
         return ENDPOINT_PATHS[self.kind]
 
 
+# The OpenAI Batch API's ``error.code`` for failures that have no HTTP answer, most specific
+# class first.
+_ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (APITimeoutError, "timeout"),
+    (APIConnectionError, "connection_error"),
+    (APIResponseValidationError, "invalid_response"),
+    (APIStreamError, "stream_error"),
+    (InvalidRequestError, "invalid_request"),
+    (BudgetExceededError, "budget_exceeded"),
+    (ClientError, "client_error"),
+)
+
+
+def error_code(error: BaseException) -> str:
+    """A short machine-readable code for ``error``: the server's for an HTTP error."""
+    if isinstance(error, APIStatusError):
+        return error.code or str(error.status_code)
+    for cls, code in _ERROR_CODES:
+        if isinstance(error, cls):
+            return code
+    return "internal_error"
+
+
 @dataclass(slots=True, frozen=True)
 class ItemError:
-    """Why an item failed for good: the exception's class name and message."""
+    """Why an item failed for good: the exception's class name, message and code."""
 
     type: str
     message: str
+    code: str = "client_error"
 
     @classmethod
     def from_exception(cls, error: BaseException) -> ItemError:
         message = str(error) if isinstance(error, ClientError) else repr(error)
-        return cls(type(error).__name__, message)
+        return cls(type(error).__name__, message, error_code(error))
 
 
 @dataclass(slots=True, frozen=True)
 class BatchResult:
     """The outcome of one item. ``status_code`` and ``response`` hold the last HTTP answer
-    (the error body for a failure); ``attempts`` counts requests sent."""
+    (the error body for a failure) and ``request_id`` its ``x-request-id`` (else the body's
+    ``id``); ``attempts`` counts requests sent."""
 
     index: int
     custom_id: str
@@ -61,6 +95,7 @@ class BatchResult:
     usage: Usage | None
     endpoint: str | None
     attempts: int
+    request_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -75,8 +110,12 @@ class BatchResult:
         attempts: int,
         endpoint: str | None = None,
     ) -> BatchResult:
-        status = error.status_code if isinstance(error, APIStatusError) else None
-        body = error.body if isinstance(error, APIStatusError) else None
+        status: int | None = None
+        body: Any = None
+        request_id: str | None = None
+        if isinstance(error, APIStatusError):
+            status, body = error.status_code, error.body
+            request_id = error.headers.get("x-request-id")
         return cls(
             index=index,
             custom_id=request.custom_id,
@@ -86,17 +125,21 @@ class BatchResult:
             usage=None,
             endpoint=endpoint,
             attempts=attempts,
+            request_id=request_id,
         )
 
 
 @dataclass(slots=True)
 class BatchSummary:
-    """Counts over a run; ``skipped`` are items a resumed run found already done."""
+    """Counts over a run. ``skipped`` are items a resumed run found already done;
+    ``previously_failed`` are those of them whose earlier result is a failure that this run
+    did not retry, so ``unresolved`` counts every item still without a successful result."""
 
     submitted: int = 0
     succeeded: int = 0
     failed: int = 0
     skipped: int = 0
+    previously_failed: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     attempts: int = 0
@@ -107,6 +150,10 @@ class BatchSummary:
     @property
     def done(self) -> int:
         return self.succeeded + self.failed
+
+    @property
+    def unresolved(self) -> int:
+        return self.failed + self.previously_failed
 
     @property
     def elapsed_s(self) -> float:
@@ -139,4 +186,10 @@ class BatchSummary:
         )
         if self.errors:
             line += "; errors: " + ", ".join(f"{k}={v}" for k, v in sorted(self.errors.items()))
+        if self.unresolved:
+            total = self.done + self.skipped
+            line += (
+                f"; {self.unresolved} of {total} items have no successful result "
+                "(rerun to retry them)"
+            )
         return line

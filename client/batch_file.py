@@ -5,15 +5,30 @@ Input lines are either OpenAI batch-file lines, ``{"custom_id", "method": "POST"
 "custom_id"), "body": {...}}`` or ``{"id", <body fields>}``, whose endpoint is the default
 kind or else inferred (``messages`` → chat, ``prompt`` → completions). Ids must be unique.
 
-Each output line is ``{"custom_id", "response": {"status_code", "body"} | null, "error":
-{"type", "message"} | null, "endpoint", "attempts"}``, appended with one write and one flush as
-the item finishes, so a crash leaves at most one torn last line. Resuming truncates that line
-and skips every id the output already holds, so each input ends with exactly one result.
+Each output line has the OpenAI Batch API's output shape, so a file from that API and one
+from here compare line for line::
+
+    {"id": "batch_req_…", "custom_id": …,
+     "response": {"status_code", "request_id", "body"} | null,
+     "error": {"code", "message"} | null,
+     "pagedserve": {"attempts", "endpoint", "error_type"}}
+
+An HTTP answer, an error status included, fills ``response`` (its body is the server's error
+object) and leaves ``error`` null; ``error`` is for failures without an HTTP answer (the
+server unreachable, a timeout, a request the client refused to send). pagedserve's own fields
+live under ``"pagedserve"``.
+
+A line is appended with one write and one flush as its item finishes, so a crash leaves at
+most one torn last line. Rerunning truncates that line and skips every id the output already
+holds with a successful (2xx) result; lines whose result is a failure are removed and their
+requests sent again (unless ``retry_failed`` is off), so each input ends with exactly one
+result line.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +109,7 @@ class InputScan:
     total: int  # requests in the file
     remaining: int  # of those, not yet in the output
     without_model: int  # of the remaining, bodies that name no model
+    kept_failures: int = 0  # of those done, the ones in ``failed`` (a failure kept as is)
 
 
 def scan_input(
@@ -101,11 +117,12 @@ def scan_input(
     done: set[str] | frozenset[str] = frozenset(),
     default_kind: EndpointKind | None = None,
     default_model: str | None = None,
+    failed: set[str] | frozenset[str] = frozenset(),
 ) -> InputScan:
     """Check every line of ``path`` before anything is sent: a bad line 90,000 lines in
     should not surface after hours of work."""
     seen: dict[str, int] = {}
-    remaining = without_model = 0
+    remaining = without_model = kept_failures = 0
     for number, line in _numbered_lines(path):
         request = parse_request_line(line, (str(path), number), default_kind, default_model)
         if request.custom_id in seen:
@@ -118,7 +135,9 @@ def scan_input(
         if request.custom_id not in done:
             remaining += 1
             without_model += "model" not in request.body
-    return InputScan(len(seen), remaining, without_model)
+        elif request.custom_id in failed:
+            kept_failures += 1
+    return InputScan(len(seen), remaining, without_model, kept_failures)
 
 
 def iter_requests(
@@ -153,36 +172,87 @@ def _truncate_torn_tail(handle: BinaryIO, chunk_size: int = 1 << 16) -> None:
         handle.truncate(keep)
 
 
-def repair_and_load_done(path: Path) -> set[str]:
-    """Ids already in the output file ``path``, after cutting off a torn last line."""
-    if not path.exists():
-        return set()
-    with path.open("r+b") as handle:
-        _truncate_torn_tail(handle)
-    done: set[str] = set()
+def is_success(record: dict[str, Any]) -> bool:
+    """Whether an output line holds a successful answer: no error and a 2xx response."""
+    response = record.get("response")
+    if record.get("error") is not None or not isinstance(response, dict):
+        return False
+    status = response.get("status_code")
+    return isinstance(status, int) and 200 <= status < 300
+
+
+@dataclass(slots=True, frozen=True)
+class PreviousResults:
+    """The ids of an existing output file, by outcome; an id with a success line counts as
+    succeeded whatever else the file holds for it."""
+
+    succeeded: frozenset[str]
+    failed: frozenset[str]
+
+
+def _read_records(path: Path) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
     for number, line in _numbered_lines(path):
         try:
-            done.add(str(orjson.loads(line)["custom_id"]))
+            record = orjson.loads(line)
+            record["custom_id"] = str(record["custom_id"])
         except (orjson.JSONDecodeError, KeyError, TypeError):
             raise BatchInputError(
                 str(path), number, "corrupt output line; it is not a result this tool wrote"
             ) from None
-    return done
+        yield number, line, record
+
+
+def load_previous_results(path: Path) -> PreviousResults:
+    """The ids already in the output file ``path``, after cutting off a torn last line."""
+    if not path.exists():
+        return PreviousResults(frozenset(), frozenset())
+    with path.open("r+b") as handle:
+        _truncate_torn_tail(handle)
+    succeeded: set[str] = set()
+    seen: set[str] = set()
+    for _, _, record in _read_records(path):
+        seen.add(record["custom_id"])
+        if is_success(record):
+            succeeded.add(record["custom_id"])
+    return PreviousResults(frozenset(succeeded), frozenset(seen - succeeded))
+
+
+def drop_results(path: Path, ids: set[str] | frozenset[str]) -> None:
+    """Rewrite ``path`` without the lines of ``ids``: written beside it, then renamed over
+    it, so a crash leaves either the old file or the new one."""
+    if not ids or not path.exists():
+        return
+    scratch = path.with_name(path.name + ".rewrite")
+    with scratch.open("wb") as out:
+        for _, line, record in _read_records(path):
+            if record["custom_id"] not in ids:
+                out.write(line if line.endswith(b"\n") else line + b"\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(scratch, path)
 
 
 def result_record(result: BatchResult) -> dict[str, Any]:
-    response = None
+    """One output line in the OpenAI Batch API's shape (see the module docstring)."""
+    response: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
     if result.status_code is not None:
-        response = {"status_code": result.status_code, "body": result.response}
-    error = None
+        response = {
+            "status_code": result.status_code,
+            "request_id": result.request_id,
+            "body": result.response,
+        }
+    elif result.error is not None:
+        error = {"code": result.error.code, "message": result.error.message}
+    extra: dict[str, Any] = {"attempts": result.attempts, "endpoint": result.endpoint}
     if result.error is not None:
-        error = {"type": result.error.type, "message": result.error.message}
+        extra["error_type"] = result.error.type
     return {
+        "id": f"batch_req_{uuid.uuid4().hex}",
         "custom_id": result.custom_id,
         "response": response,
         "error": error,
-        "endpoint": result.endpoint,
-        "attempts": result.attempts,
+        "pagedserve": extra,
     }
 
 

@@ -1,10 +1,12 @@
 """``pagedserve batch INPUT.jsonl OUTPUT.jsonl --base-url URL ...``
 
 Runs every request of INPUT against one or more OpenAI-compatible servers under a budget of
-in-flight tokens and appends one result line per request to OUTPUT. Rerunning the same
-command after an interruption finishes the job without repeating finished requests.
-Exit status: 0 when every item succeeded, 1 when some failed (see OUTPUT), 2 for bad input
-or arguments, 130 when interrupted.
+in-flight tokens and appends one result line per request to OUTPUT, in the OpenAI Batch
+API's output format. Rerunning the same command finishes the job: requests that already
+succeeded are not sent again, and those that failed are retried (--no-retry-failed keeps
+their failures). Exit status: 0 when every item has a successful result, 1 while some have
+none (the summary says how many; see OUTPUT), 2 for bad input or arguments, 130 when
+interrupted.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests sent per item before its failure is final")
     parser.add_argument("--timeout", type=_positive_float, default=600.0,
                         help="seconds allowed for one request")
+    parser.add_argument("--retry-failed", action=argparse.BooleanOptionalAction, default=True,
+                        help="on a rerun into the same OUTPUT, send again the items whose "
+                        "earlier result is a failure and replace that line "
+                        "(default: %(default)s; --no-retry-failed keeps the failures)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--fsync", action="store_true",
                         help="fsync after every result line (survives power loss, slower)")
@@ -133,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
                 options,
                 default_kind=args.endpoint,
                 model=args.model,
+                retry_failed=args.retry_failed,
             )
         )
     except (ValueError, OSError) as exc:  # BatchInputError, bad limits, unreadable files
@@ -145,4 +152,4 @@ def run(args: argparse.Namespace) -> int:
         print("pagedserve batch: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
     print(summary.describe(), file=sys.stderr)
-    return 0 if summary.failed == 0 else 1
+    return 0 if summary.unresolved == 0 else 1

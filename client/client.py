@@ -2,12 +2,15 @@
 
 ``base_url`` is the server root, with or without a trailing ``/v1`` (so OpenAI's
 ``https://api.openai.com/v1`` works as given): the OpenAI routes live under ``/v1``,
-pagedserve's ``/tokenize``, ``/load`` and ``/health`` at the root, as in vLLM.
+pagedserve's ``/tokenize``, ``/load`` and ``/health`` at the root, as in vLLM. Left out,
+``base_url`` and ``api_key`` come from ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``, as with
+the OpenAI SDK's ``AsyncOpenAI()``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -26,6 +29,7 @@ from pagedserve.client.errors import (
     make_status_error,
     transport_error,
 )
+from pagedserve.client.models import Models
 from pagedserve.client.resources import Chat, Completions
 from pagedserve.client.retry import RetryPolicy, is_retryable
 from pagedserve.client.streaming import Stream
@@ -93,8 +97,16 @@ class _RetryState:
         await asyncio.sleep(delay)
 
 
+BASE_URL_ENV = "OPENAI_BASE_URL"
+API_KEY_ENV = "OPENAI_API_KEY"
+
+
 class AsyncClient:
-    """``client.completions.create(...)``, ``client.chat.completions.create(...)``.
+    """``client.completions.create(...)``, ``client.chat.completions.create(...)``,
+    ``client.models.list()`` and ``client.models.retrieve(name)``.
+
+    ``base_url`` defaults to ``$OPENAI_BASE_URL`` and ``api_key`` to ``$OPENAI_API_KEY``
+    (pass ``api_key=""`` to send none even when the variable is set).
 
     Requests retry under ``retry_policy`` (by default ``max_retries`` retries with backoff and
     jitter, honouring ``Retry-After``). ``max_connections`` sizes the connection pool: no more
@@ -103,7 +115,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | None = None,
         api_key: str | None = None,
         *,
         timeout: Timeout | float | None = None,
@@ -114,6 +126,15 @@ class AsyncClient:
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if base_url is None:
+            base_url = os.environ.get(BASE_URL_ENV)
+            if not base_url:
+                raise ValueError(
+                    f"no base_url given and ${BASE_URL_ENV} is not set; pass the server's URL, "
+                    "e.g. AsyncClient('http://127.0.0.1:8000/v1')"
+                )
+        if api_key is None:
+            api_key = os.environ.get(API_KEY_ENV)
         self.root_url = normalize_base_url(base_url)
         self.timeout = Timeout.coerce(timeout, Timeout())
         self.retry_policy = retry_policy or RetryPolicy(max_retries=max_retries)
@@ -124,6 +145,7 @@ class AsyncClient:
         self._session: aiohttp.ClientSession | None = None
         self.completions = Completions(self)
         self.chat = Chat(self)
+        self.models = Models(self)
 
     @property
     def base_url(self) -> str:
@@ -266,12 +288,3 @@ class AsyncClient:
         except NotFoundError:
             return None
         return parse_response(ServerLoad.from_dict, response.data)
-
-    async def models(self) -> list[str]:
-        """The model ids ``GET /v1/models`` lists."""
-        response = await self.request_json("GET", "/v1/models")
-        data = response.data.get("data") if isinstance(response.data, dict) else None
-        if not isinstance(data, list):
-            raise APIResponseValidationError("/v1/models has no 'data' list", body=response.data)
-        return [str(item["id"]) for item in data if isinstance(item, dict) and "id" in item]
-

@@ -12,8 +12,9 @@ from typing import Any, Literal
 from pagedserve.client.batch import BatchRequest, BatchResult, BatchSummary
 from pagedserve.client.batch_file import (
     ResultWriter,
+    drop_results,
     iter_requests,
-    repair_and_load_done,
+    load_previous_results,
     scan_input,
 )
 from pagedserve.client.client import AsyncClient
@@ -103,14 +104,36 @@ async def run_batch(
     pool_config: PoolConfig,
     options: RunOptions | None = None,
 ) -> tuple[list[BatchResult], BatchSummary]:
-    """Every request through the pool; results in input order, failures included."""
+    """Every request through the pool; results in input order, failures included.
+
+    ``requests`` are ``BatchRequest(custom_id, kind, body)`` with ``kind`` "completions" or
+    "chat"; ``pool_config`` names the servers and the limits, ``options`` how the work is done
+    (token counter, retries, progress bar). Nothing raises for one item's failure: each
+    ``BatchResult`` has ``ok``, the response body or an ``error``, and the summary counts.
+
+    How much is in flight: every request reserves ``prompt tokens + n × max_tokens`` (per
+    prompt; ``n`` is the larger of ``n`` and ``best_of``) on the endpoint it goes to, and is
+    sent only when that fits the endpoint's free budget. Without ``max_tokens`` a
+    completion reserves 16 (OpenAI's default) and a chat request the rest of the model's
+    context when the server reports ``max_model_len``, else 1024. ``max_inflight_tokens=
+    "auto"`` (the default) starts each pagedserve endpoint's budget at its KV cache size,
+    read from ``GET /load``, and adapts it to the server's load hints; other servers get a
+    fixed 32,768 tokens that a 429 lowers. See ``help(PoolConfig)`` for every limit.
+
+    Example::
+
+        requests = [BatchRequest(f"q{i}", "chat", {"model": "tiny", "max_tokens": 64,
+                    "messages": [{"role": "user", "content": q}]}) for i, q in enumerate(qs)]
+        results, summary = await run_batch(
+            requests, PoolConfig(["http://127.0.0.1:8000"], max_inflight_tokens="auto"))
+    """
     return await _drive(pool_config, options or RunOptions(), requests)
 
 
 async def _default_model(pool_config: PoolConfig) -> str | None:
     async with AsyncClient(pool_config.base_urls[0], pool_config.api_key) as client:
-        models = await client.models()
-    return models[0] if models else None
+        models = await client.models.list()
+    return models.data[0].id if models.data else None
 
 
 async def run_batch_file(
@@ -121,17 +144,26 @@ async def run_batch_file(
     *,
     default_kind: EndpointKind | None = None,
     model: str | None = None,
+    retry_failed: bool = True,
 ) -> BatchSummary:
-    """Run the JSONL ``input_path`` into ``output_path``, skipping ids already there.
+    """Run the JSONL ``input_path`` into ``output_path``, skipping ids already done there.
 
     Every line is validated before the first request. Bodies without a model get ``model``,
     or else the first model the first endpoint lists. Interrupting (Ctrl-C, a cancelled task,
-    a crash) loses nothing: rerun with the same arguments to finish.
+    a crash) loses nothing: rerun with the same arguments to finish. A rerun also sends again
+    every item whose earlier result is a failure, replacing that result line, unless
+    ``retry_failed`` is False; ``summary.unresolved`` counts the items still without a
+    successful result either way.
     """
     source, target = Path(input_path), Path(output_path)
     options = options or RunOptions()
-    done = repair_and_load_done(target)
-    scan = scan_input(source, done, default_kind, model)
+    previous = load_previous_results(target)
+    if retry_failed:
+        drop_results(target, previous.failed)
+        done = previous.succeeded
+    else:
+        done = previous.succeeded | previous.failed
+    scan = scan_input(source, done, default_kind, model, failed=previous.failed)
     if scan.without_model and model is None:
         model = await _default_model(pool_config)
     with ResultWriter(target, fsync=options.fsync) as writer:
@@ -143,4 +175,5 @@ async def run_batch_file(
             total=scan.remaining,
         )
     summary.skipped = scan.total - scan.remaining
+    summary.previously_failed = scan.kept_failures
     return summary

@@ -25,7 +25,40 @@ DEFAULT_MAX_CONNECTIONS = 256
 
 @dataclass(slots=True)
 class PoolConfig:
-    """Limits apply per endpoint: each replica has its own capacity."""
+    """Where a batch goes and how much of it may be in flight at once.
+
+    ``base_urls`` is a list of server URLs (root or ``.../v1``), one per replica of the same
+    model. Every limit applies per endpoint: each replica has its own capacity.
+
+    The token budget. Each request *reserves* tokens on the endpoint it is sent to before it
+    goes out, and gives them back when its answer arrives:
+
+        reservation = prompt tokens + n × max_tokens
+
+    per prompt, where ``n`` is the larger of ``n`` and ``best_of`` (beams for beam search)
+    and the prompt is counted with tiktoken's cl100k_base or the server's ``/tokenize``
+    (``RunOptions.counter``). ``max_completion_tokens`` counts as ``max_tokens``. A request
+    without ``max_tokens`` reserves OpenAI's default of 16 on ``/v1/completions``, and on
+    ``/v1/chat/completions`` the rest of the model's context (``max_model_len`` − prompt)
+    when the server reports it, else 1024. A request is sent only when its reservation fits
+    in the endpoint's free budget, so the server never holds more than
+    ``max_inflight_tokens`` of worst-case work from this client; a request larger than the
+    whole budget fails at once with ``BudgetExceededError`` instead of waiting forever.
+
+    ``max_inflight_tokens``: a fixed number of tokens per endpoint, or ``"auto"`` (the
+    default). With ``"auto"`` each endpoint is asked for ``GET /load`` at start: a
+    pagedserve server answers with its KV cache size, the budget starts there and then
+    adapts to the load hints the server sends with every answer, growing while its KV
+    cache has room and its queue is short, and shrinking on a 429, on preemptions or when
+    requests start to queue. A server without ``/load`` (vLLM, OpenAI, or one that is down
+    at start) gets a fixed ``fallback_inflight_tokens`` (32,768) that only a 429 lowers.
+
+    ``max_concurrency`` caps requests in flight per endpoint on top of the tokens;
+    ``requests_per_minute`` and ``tokens_per_minute`` are rate limits per endpoint (a request
+    is charged its reservation, corrected to the tokens it really used when it ends);
+    ``timeout`` bounds each request; ``cooldown`` is the backoff an endpoint waits after a
+    failure worth retrying. ``api_key`` is sent as a bearer token (None: $OPENAI_API_KEY).
+    """
 
     base_urls: list[str]
     api_key: str | None = None
@@ -39,6 +72,11 @@ class PoolConfig:
     fallback_inflight_tokens: int = FALLBACK_INFLIGHT_TOKENS
 
     def __post_init__(self) -> None:
+        if isinstance(self.base_urls, str | bytes):
+            raise TypeError(
+                "base_urls must be a list of URLs, got the string "
+                f"{self.base_urls!r}; write base_urls=[{self.base_urls!r}]"
+            )
         if not self.base_urls:
             raise ValueError("at least one base URL is needed")
         limit = self.max_inflight_tokens

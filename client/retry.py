@@ -1,6 +1,9 @@
 """When to retry a failed request and how long to wait first.
 
-Retried: connection errors, timeouts, 408, 409, 429 and every 5xx. The wait is the server's
+Retried: connection errors, timeouts, 408, 409, 429 and every 5xx except those whose error
+``code`` says the endpoint cannot serve anything until it is restarted (a pagedserve or vLLM
+engine that died: ``engine_dead``), which would fail the same way however long the retries
+went on. The wait is the server's
 ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date) when it sends one within
 ``max_retry_after``; otherwise exponential backoff with jitter, so that many clients that
 failed together do not come back together.
@@ -18,6 +21,8 @@ from email.utils import parsedate_to_datetime
 from pagedserve.client.errors import APIConnectionError, APIStatusError
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+# 5xx error codes that no retry on the same endpoint can turn into a success.
+FATAL_ERROR_CODES = frozenset({"engine_dead"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,8 +65,16 @@ class RetryPolicy:
 def is_retryable(error: BaseException) -> bool:
     """Whether another attempt may succeed where this one failed."""
     if isinstance(error, APIStatusError):
+        if error.code in FATAL_ERROR_CODES:
+            return False
         return error.status_code in RETRYABLE_STATUS or error.status_code >= 500
     return isinstance(error, APIConnectionError)
+
+
+def endpoint_is_down(error: BaseException) -> bool:
+    """Whether ``error`` says its endpoint serves nothing until restarted; another replica
+    may still take the request."""
+    return isinstance(error, APIStatusError) and error.code in FATAL_ERROR_CODES
 
 
 def retry_after_seconds(

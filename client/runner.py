@@ -3,8 +3,10 @@
 A producer feeds a bounded ``asyncio.Queue`` (so a 100,000-line input is never all in memory
 as tasks); workers take an item, count its tokens, wait for an endpoint with room, send it,
 and settle. Retryable failures (connection errors, timeouts, 408/409/429/5xx) go back to the
-pool with the item's first ticket, so they are retried early and possibly elsewhere; other
-failures and exhausted retries become the item's result and the batch goes on.
+pool with the item's first ticket, so they are retried early and possibly elsewhere; an
+endpoint whose engine is dead (503 ``engine_dead``) is not retried, though another replica
+may take the item; other failures and exhausted retries become the item's result and the
+batch goes on.
 
 The budget, not the worker count, is what limits load: ``num_workers`` only needs to exceed
 the number of requests the budget lets through at once.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sized
 from typing import Any
 
 from pagedserve.client.batch import BatchRequest, BatchResult, BatchSummary
@@ -23,7 +25,7 @@ from pagedserve.client.errors import ClientError, InvalidRequestError
 from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.pool import EndpointPool, Grant
 from pagedserve.client.progress import BatchProgress
-from pagedserve.client.retry import is_retryable
+from pagedserve.client.retry import endpoint_is_down, is_retryable
 from pagedserve.client.tokens import TiktokenCounter, TokenCounter, reserved_tokens
 from pagedserve.client.types import ChatCompletion, Completion, parse_response
 
@@ -58,7 +60,8 @@ class BatchRunner:
         total: int | None = None,
     ) -> None:
         """``on_result`` runs as each item finishes, before it is yielded (the JSONL writer
-        hooks in here); ``progress`` shows a tqdm bar over ``total`` items."""
+        hooks in here); ``progress`` shows a tqdm bar over ``total`` items (by default the
+        length of the requests when they have one), with an ETA when the total is known."""
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}")
         if max_attempts < 1:
@@ -90,8 +93,11 @@ class BatchRunner:
         """Results as they complete, or in input order with ``ordered=True``. Closing the
         iterator or cancelling its consumer stops the workers and frees their budget."""
         self.summary = BatchSummary()
+        total = self.total
+        if total is None and isinstance(requests, Sized):
+            total = len(requests)
         bar = BatchProgress(
-            self.total, self.summary, lambda: self.pool.in_flight_tokens, enabled=self.progress
+            total, self.summary, lambda: self.pool.in_flight_tokens, enabled=self.progress
         )
         queue: asyncio.Queue[Any] = asyncio.Queue(self.queue_size)
         finished: asyncio.Queue[Any] = asyncio.Queue()
@@ -190,7 +196,7 @@ class BatchRunner:
             try:
                 answer = await self._send(grant, request)
             except ClientError as exc:
-                retryable = is_retryable(exc)
+                retryable = is_retryable(exc) or self._elsewhere(exc)
                 self.pool.report_failure(grant, exc, retryable=retryable)
                 if retryable and attempt < self.max_attempts:
                     continue
@@ -209,7 +215,8 @@ class BatchRunner:
         attempts: int,
     ) -> BatchResult:
         usage = answer.usage
-        hints = LoadHints.from_headers(answer.response_headers)
+        headers = answer.response_headers
+        hints = LoadHints.from_headers(headers)
         self.pool.report_success(grant, usage.total_tokens if usage else None, hints)
         return BatchResult(
             index=index,
@@ -220,7 +227,12 @@ class BatchRunner:
             usage=usage,
             endpoint=grant.endpoint.name,
             attempts=attempts,
+            request_id=headers.get("x-request-id") or _body_id(answer.raw),
         )
+
+    def _elsewhere(self, error: ClientError) -> bool:
+        """A dead endpoint cools down while another replica takes the item."""
+        return endpoint_is_down(error) and len(self.pool.endpoints) > 1
 
     async def _plan(self, request: BatchRequest) -> int:
         if request.body.get("stream"):
@@ -235,3 +247,8 @@ class BatchRunner:
         cls = ChatCompletion if request.kind == "chat" else Completion
         return parse_response(cls.from_dict, response.data, response.headers)
 
+
+
+def _body_id(body: Any) -> str | None:
+    value = body.get("id") if isinstance(body, dict) else None
+    return value if isinstance(value, str) else None

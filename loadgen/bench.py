@@ -9,6 +9,7 @@ import aiohttp
 
 from pagedserve.loadgen.config import LoadShape, MetricSpec, RequestSpec
 from pagedserve.loadgen.datasets import DatasetSpec, SampleRequest, load_dataset
+from pagedserve.loadgen.hf_tokenizer import HFTokenizerCounter, is_tokenizer_dir
 from pagedserve.loadgen.metrics import BenchmarkMetrics, calculate_metrics
 from pagedserve.loadgen.report import (
     detailed_fields,
@@ -32,7 +33,9 @@ class BenchSettings:
     shape: LoadShape
     dataset: DatasetSpec
     metrics: MetricSpec = field(default_factory=MetricSpec)
-    tokenizer: str = "cl100k_base"  # a tiktoken encoding, or "server" for POST /tokenize
+    # a tiktoken encoding, a local Hugging Face tokenizer directory, or "server" (/tokenize)
+    tokenizer: str = "cl100k_base"
+    backend: str = "openai"  # vLLM's name for the client flavour; recorded in the result
     show_progress: bool = True
     save_detailed: bool = False
     label: str | None = None
@@ -68,11 +71,14 @@ def make_counter(settings: BenchSettings, session: aiohttp.ClientSession) -> Tok
             headers["Authorization"] = f"Bearer {settings.api_key}"
         return ServerTokenCounter(session, settings.request.base_url, settings.request.model,
                                   headers=headers)
+    if is_tokenizer_dir(settings.tokenizer):
+        return HFTokenizerCounter(settings.tokenizer)
     return TiktokenCounter(settings.tokenizer)
 
 
 async def prepare_samples(settings: BenchSettings, counter: TokenCounter) -> list[SampleRequest]:
-    return await load_dataset(settings.dataset, settings.shape.num_prompts, counter)
+    return await load_dataset(settings.dataset, settings.shape.num_prompts, counter,
+                              chat=settings.request.endpoint == "chat")
 
 
 async def fill_output_tokens(results: list[RequestResult], counter: TokenCounter) -> None:
@@ -118,7 +124,9 @@ def header_fields(settings: BenchSettings, num_distinct_prompts: int) -> dict:
     fields = {
         "date": timestamp(),
         "label": settings.label,
+        "backend": settings.backend,
         "endpoint_type": request.endpoint,
+        "endpoint": request.route,
         "base_url": request.base_url,
         "model_id": request.model,
         "tokenizer_id": settings.tokenizer,
@@ -138,6 +146,11 @@ def header_fields(settings: BenchSettings, num_distinct_prompts: int) -> dict:
         "best_of": request.best_of,
         "use_beam_search": request.use_beam_search,
         "temperature": request.effective_temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "min_p": request.min_p,
+        "logprobs": request.logprobs,
+        "streamed": request.streams,
         "ignore_eos": request.ignore_eos,
         "seed": settings.seed,
         "percentile_metrics": list(settings.metrics.percentile_metrics),

@@ -1,5 +1,8 @@
 """``pagedserve bench``: measure an OpenAI-compatible server (options follow vLLM's
-``bench serve``), ``pagedserve bench compare A.json B.json`` and ``pagedserve bench sweep``."""
+``bench serve``), ``pagedserve bench sweep`` and ``pagedserve bench compare A.json B.json``.
+
+Each subcommand has its own parser, so ``bench sweep --help`` documents the sweep and a sweep
+option given to a plain ``bench`` is an error rather than silently ignored."""
 
 from __future__ import annotations
 
@@ -11,8 +14,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pagedserve.loadgen.bench import BenchOutput, BenchSettings, bench
-from pagedserve.loadgen.cli_options import add_arguments, settings_from_args
-from pagedserve.loadgen.compare import format_comparison, load_result
+from pagedserve.loadgen.cli_options import (
+    add_bench_arguments,
+    add_sweep_arguments,
+    settings_from_args,
+)
+from pagedserve.loadgen.compare import format_comparison, load_runs
 from pagedserve.loadgen.errors import BenchConfigError, LoadgenError
 from pagedserve.loadgen.report import timestamp, write_json, write_request_jsonl
 from pagedserve.loadgen.summary import format_summary
@@ -32,18 +39,55 @@ def run_event_loop(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Measure an OpenAI-compatible server; the options follow vLLM's "
+                          "'vllm bench serve'. 'bench sweep --help' and 'bench compare --help' "
+                          "describe the subcommands.")
+    add_bench_arguments(parser)
+    for option in ("--sweep-request-rates", "--sweep-max-concurrency"):
+        parser.add_argument(option, action=_SweepOnly, help=argparse.SUPPRESS)
+    actions = parser.add_subparsers(dest="action", metavar="{sweep,compare}")
+    sweep_parser = actions.add_parser(
+        "sweep", help="one benchmark per request rate or concurrency cap",
+        description="Run one benchmark per value of --sweep-request-rates or "
+                    "--sweep-max-concurrency (exactly one), on the same prompts, and print "
+                    "the throughput-latency table. Every option of 'pagedserve bench' "
+                    "(see 'pagedserve bench --help') applies to each point, before or "
+                    "after 'sweep'; the swept one is replaced at each point.")
+    add_sweep_arguments(sweep_parser)
+    add_bench_arguments(sweep_parser)
+    # The benchmark options are documented by 'bench --help'; here they take no default, so
+    # that those given before 'sweep' are not overwritten by this parser's defaults.
+    sweep_dests = {"sweep_request_rate", "sweep_max_concurrency", "help"}
+    for action in sweep_parser._actions:
+        if action.dest not in sweep_dests:
+            action.default = action.help = argparse.SUPPRESS
+    compare_parser = actions.add_parser(
+        "compare", help="two results side by side",
+        description="Print the settings that differ between two result files, then their "
+                    "metrics side by side with B/A ratios. A sweep file is compared point "
+                    "by point with the other file's points of the same sweep value.")
+    compare_parser.add_argument("files", nargs=2, metavar="RESULT.json",
+                                help="results of 'bench' or 'bench sweep' (--result-json)")
+
+
+class _SweepOnly(argparse.Action):
+    """A sweep option given without 'sweep': an error that says where it belongs."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string} belongs to the sweep: pagedserve bench sweep "
+                     f"{option_string} {values} ...")
+
+
 def run(args: argparse.Namespace) -> int:
     """0 when at least one request succeeded (or compare printed), 1 when none did,
     2 for a usage error."""
-    action = args.action[0] if args.action else "run"
     try:
-        if action == "compare":
-            return _compare(args.action[1:])
-        if len(args.action) > 1 or action not in ("run", "sweep"):
-            raise BenchConfigError("the first argument", " ".join(args.action),
-                                   "'compare A.json B.json', 'sweep' or nothing")
+        if args.action == "compare":
+            return _compare(args.files)
         settings = settings_from_args(args)
-        if action == "sweep":
+        if args.action == "sweep":
             return _sweep(args, settings)
         return _bench(args, settings)
     except LoadgenError as exc:
@@ -52,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(paths: list[str]) -> int:
-    if len(paths) != 2:
-        raise BenchConfigError("compare", paths, "two result files (A.json B.json)")
-    a, b = (load_result(path) for path in paths)
+    a, b = (load_runs(path) for path in paths)
     print(f"A = {paths[0]}\nB = {paths[1]}")
     print(format_comparison(a, b))
     return 0
@@ -73,7 +115,7 @@ def _bench(args: argparse.Namespace, settings: BenchSettings) -> int:
     if args.plot:
         from pagedserve.loadgen.plots import plot_run  # matplotlib only when asked
 
-        for path in plot_run(output.outcome, settings.request.n, args.plot):
+        for path in plot_run(output.outcome, settings.request.n, args.plot, output.result):
             print(f"plot written to {path}")
     return 0 if output.result["completed"] > 0 else 1
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pagedserve.loadgen.errors import BenchConfigError
 
 ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# vLLM's --backend names: each speaks one of the two endpoints.
+BACKEND_ENDPOINTS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat"}
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 ARRIVALS = ("gamma", "constant")
@@ -23,9 +25,22 @@ def _require(ok: bool, option: str, value: object, limit: str) -> None:
         raise BenchConfigError(option, value, limit)
 
 
+def endpoint_kind(path: str) -> str | None:
+    """``completions`` or ``chat`` for an endpoint path such as ``/v1/chat/completions``."""
+    path = path.rstrip("/")
+    if path.endswith("chat/completions"):
+        return "chat"
+    return "completions" if path.endswith("completions") else None
+
+
 @dataclass(slots=True)
 class RequestSpec:
-    """What every request asks of the server."""
+    """What every request asks of the server.
+
+    ``base_url`` is the server root; a trailing ``/v1`` is dropped when the endpoint path
+    starts with ``/v1/`` (``--base-url http://host/v1`` as the OpenAI SDK takes it). ``path``
+    overrides the endpoint's standard path (vLLM's ``--endpoint /v1/completions``).
+    """
 
     base_url: str
     model: str
@@ -34,10 +49,15 @@ class RequestSpec:
     best_of: int | None = None
     use_beam_search: bool = False
     temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    logprobs: int | None = None
     ignore_eos: bool = False
     extra_body: dict[str, object] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)
     request_timeout: float = 6 * 60 * 60.0
+    path: str | None = None
 
     def __post_init__(self) -> None:
         self.base_url = self.base_url.rstrip("/")
@@ -46,6 +66,13 @@ class RequestSpec:
         _require(bool(self.model), "--model", self.model, "a non-empty model name")
         _require(self.endpoint in ENDPOINT_PATHS, "--endpoint", self.endpoint,
                  f"one of {sorted(ENDPOINT_PATHS)}")
+        if self.path is not None:
+            _require(self.path.startswith("/") and endpoint_kind(self.path) == self.endpoint,
+                     "--endpoint", self.path,
+                     f"a path ending in {ENDPOINT_PATHS[self.endpoint].removeprefix('/v1')} "
+                     f"for {self.endpoint} requests")
+        if self.route.startswith("/v1/"):
+            self.base_url = self.base_url.removesuffix("/v1")
         _require(self.n >= 1, "--n", self.n, "at least 1")
         _require(self.best_of is None or self.best_of >= self.n, "--best-of", self.best_of,
                  f"at least --n ({self.n})")
@@ -55,10 +82,27 @@ class RequestSpec:
                  self.temperature, "0 with --use-beam-search")
         _require(self.request_timeout > 0.0, "--request-timeout", self.request_timeout,
                  "positive")
+        _require(self.top_p is None or 0.0 < self.top_p <= 1.0, "--top-p", self.top_p,
+                 "in (0, 1]")
+        _require(self.top_k is None or self.top_k == -1 or self.top_k >= 1, "--top-k",
+                 self.top_k, "-1 (off) or at least 1")
+        _require(self.min_p is None or 0.0 <= self.min_p <= 1.0, "--min-p", self.min_p,
+                 "in [0, 1]")
+        _require(self.logprobs is None or self.logprobs >= 0, "--logprobs", self.logprobs,
+                 "non-negative")
+
+    @property
+    def route(self) -> str:
+        return self.path or ENDPOINT_PATHS[self.endpoint]
 
     @property
     def url(self) -> str:
-        return self.base_url + ENDPOINT_PATHS[self.endpoint]
+        return self.base_url + self.route
+
+    @property
+    def streams(self) -> bool:
+        """Beam search and best_of > n pick their answer at the end: nothing to stream."""
+        return not (self.use_beam_search or (self.best_of is not None and self.best_of > self.n))
 
     @property
     def effective_temperature(self) -> float:

@@ -1,8 +1,8 @@
 """Benchmark datasets: what each request sends and how many tokens it may generate.
 
 ``random``, ``sharegpt-like``, ``alpaca-like`` and ``prefix`` build prompts of exact token
-lengths; ``sharegpt`` samples real conversations from a file. The same seed and tokenizer
-always give the same requests.
+lengths; ``sharegpt`` samples real conversations from a file; ``sonnet`` draws poem lines as
+vLLM's benchmark does. The same seed and tokenizer always give the same requests.
 """
 
 from __future__ import annotations
@@ -16,9 +16,16 @@ from pagedserve.loadgen.errors import BenchConfigError
 from pagedserve.loadgen.lengths import SYNTHETIC_WORKLOADS
 from pagedserve.loadgen.prompts import PromptBuilder
 from pagedserve.loadgen.sharegpt import read_sharegpt, sample_sharegpt
+from pagedserve.loadgen.sonnet import (
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OUTPUT_LEN,
+    DEFAULT_PREFIX_LEN,
+    read_poem_lines,
+    sample_sonnet,
+)
 from pagedserve.loadgen.tokenizers import TokenCounter
 
-DATASET_NAMES = ("random", "sharegpt", "sharegpt-like", "alpaca-like", "prefix")
+DATASET_NAMES = ("random", "sharegpt", "sharegpt-like", "alpaca-like", "prefix", "sonnet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +50,9 @@ class DatasetSpec:
     num_prefixes: int = 10
     prefix_output_len: int = 128
     sharegpt_output_len: int | None = None
+    sonnet_input_len: int = DEFAULT_INPUT_LEN
+    sonnet_output_len: int = DEFAULT_OUTPUT_LEN
+    sonnet_prefix_len: int = DEFAULT_PREFIX_LEN
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -68,6 +78,12 @@ class DatasetSpec:
                  "non-negative")
         _require(self.sharegpt_output_len is None or self.sharegpt_output_len >= 1,
                  "--sharegpt-output-len", self.sharegpt_output_len, "at least 1")
+        _require(self.sonnet_output_len >= 1, "--sonnet-output-len", self.sonnet_output_len,
+                 "at least 1")
+        _require(self.sonnet_prefix_len >= 0, "--sonnet-prefix-len", self.sonnet_prefix_len,
+                 "non-negative")
+        _require(self.sonnet_input_len > self.sonnet_prefix_len, "--sonnet-input-len",
+                 self.sonnet_input_len, f"more than --sonnet-prefix-len ({self.sonnet_prefix_len})")
 
 
 def _require(ok: bool, option: str, value: object, limit: str) -> None:
@@ -90,10 +106,16 @@ def dataset_rng(seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, 0])
 
 
-async def load_dataset(spec: DatasetSpec, num_prompts: int,
-                       counter: TokenCounter) -> list[SampleRequest]:
-    """``num_prompts`` requests (fewer only for a ShareGPT file with fewer valid pairs)."""
+async def load_dataset(spec: DatasetSpec, num_prompts: int, counter: TokenCounter,
+                       chat: bool = False) -> list[SampleRequest]:
+    """``num_prompts`` requests (fewer only for a ShareGPT file with fewer valid pairs).
+    ``chat``: the prompts go to the chat endpoint, which applies the chat template itself."""
     rng = dataset_rng(spec.seed)
+    if spec.name == "sonnet":
+        pairs = await sample_sonnet(read_poem_lines(spec.path), num_prompts, rng, counter,
+                                    spec.sonnet_input_len, spec.sonnet_prefix_len,
+                                    formatted=not chat)
+        return [SampleRequest(p, n, spec.sonnet_output_len) for p, n in pairs]
     if spec.name == "sharegpt":
         triples = await sample_sharegpt(read_sharegpt(spec.path or ""), num_prompts, rng,
                                         counter, spec.sharegpt_output_len)

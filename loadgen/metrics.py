@@ -1,10 +1,12 @@
 """Benchmark metrics from per-request results (definitions in loadgen/README.md).
 
 Where vLLM's ``bench serve`` defines a metric the arithmetic is the same: TTFT from send to
-the first chunk with text; TPOT = (E2EL − TTFT) / (output tokens − 1) over requests with more
+the first chunk with a token; TPOT = (E2EL − TTFT) / (output tokens − 1) over requests with more
 than one output token; ITL = gaps between consecutive text chunks; population std; linear
 percentiles; goodput counts a request good when every chosen metric is within its SLO (a
 request of one output token has TPOT 0 there). Throughputs divide by the run's duration.
+Unstreamed requests (best_of, beam search) have no TTFT, TPOT or ITL: they count in E2EL,
+throughput and goodput only (an SLO on TTFT or TPOT cannot be judged for them).
 """
 
 from __future__ import annotations
@@ -51,11 +53,13 @@ def tokens_per_choice(result: RequestResult, n: int) -> float:
 
 
 def request_tpot(result: RequestResult, n: int) -> float | None:
-    """(E2EL − TTFT) / (output tokens per choice − 1); None with one token or fewer."""
+    """(E2EL − TTFT) / (output tokens per choice − 1); None with one token or fewer, or
+    without a TTFT (an unstreamed request)."""
     per_choice = tokens_per_choice(result, n)
-    if per_choice <= 1:
+    ttft = result.ttft
+    if per_choice <= 1 or ttft is None:
         return None
-    return (result.e2el - result.ttft) / (per_choice - 1)
+    return (result.e2el - ttft) / (per_choice - 1)
 
 
 @dataclass(slots=True)
@@ -74,14 +78,15 @@ class RequestTimings:
 
 def collect_timings(results: Sequence[RequestResult], n: int) -> RequestTimings:
     ok = [r for r in results if r.success]
+    streamed = [r for r in ok if r.chunk_times]
     tpots = [t for r in ok if (t := request_tpot(r, n)) is not None]
-    gaps = [np.diff(r.chunk_times) for r in ok]
+    gaps = [np.diff(r.chunk_times) for r in streamed]
     return RequestTimings(
-        ttft=np.array([r.ttft for r in ok]),
+        ttft=np.array([r.chunk_times[0] - r.sent for r in streamed]),
         tpot=np.array(tpots),
         itl=np.concatenate(gaps) if gaps else np.array([]),
         e2el=np.array([r.e2el for r in ok]),
-        sched_ttft=np.array([r.chunk_times[0] - r.scheduled for r in ok]),
+        sched_ttft=np.array([r.chunk_times[0] - r.scheduled for r in streamed]),
         sched_e2el=np.array([r.finished - r.scheduled for r in ok]),
         client_lag=np.array([r.started - r.scheduled for r in results]),
         queue_wait=np.array([r.sent - r.started for r in results]),
@@ -95,7 +100,10 @@ def count_good(results: Sequence[RequestResult], n: int, slos_ms: dict[str, floa
     for r in results:
         if not r.success:
             continue
-        values = {"ttft": r.ttft, "tpot": request_tpot(r, n) or 0.0, "e2el": r.e2el}
+        ttft = r.ttft
+        values = {"ttft": ttft, "tpot": request_tpot(r, n) or 0.0, "e2el": r.e2el}
+        if ttft is None:  # unstreamed: only the end-to-end latency is known
+            values.update(ttft=0.0, tpot=0.0)
         good += all(values[name] <= limit for name, limit in limits.items())
     return good
 

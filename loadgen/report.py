@@ -91,7 +91,7 @@ def detailed_fields(results: Sequence[RequestResult], n: int) -> dict:
     return {
         "input_lens": [r.prompt_len for r in results],
         "output_lens": [(r.output_tokens or 0) if r.success else 0 for r in results],
-        "ttfts": [r.ttft if r.success else None for r in results],
+        "ttfts": [r.ttft if r.success else None for r in results],  # None: unstreamed
         "tpots": [request_tpot(r, n) if r.success else None for r in results],
         "itls": [np.diff(r.chunk_times).tolist() for r in results],
         "e2els": [r.e2el if r.success else None for r in results],
@@ -118,7 +118,7 @@ def request_record(r: RequestResult, start: float, n: int) -> dict:
         "sent_s": r.sent - start,
         "first_chunk_s": None if first is None else first - start,
         "finished_s": r.finished - start,
-        "ttft_ms": r.ttft * 1000.0 if r.success else None,
+        "ttft_ms": r.ttft * 1000.0 if r.success and r.ttft is not None else None,
         "tpot_ms": None if tpot is None else tpot * 1000.0,
         "e2el_ms": r.e2el * 1000.0 if r.success else None,
         "itl_ms": (np.diff(r.chunk_times) * 1000.0).tolist(),

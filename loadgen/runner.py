@@ -155,7 +155,7 @@ class BenchmarkRunner:
                                scheduled=scheduled, started=time.perf_counter())
         async with self._slots or contextlib.nullcontext():
             await send_request(self._session, self._spec.url, self._bodies[index],
-                               self._headers, result, self._timeout)
+                               self._headers, result, self._timeout, self._spec.streams)
         return result
 
     async def _warm_up(self) -> None:

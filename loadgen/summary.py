@@ -65,7 +65,11 @@ def format_summary(result: dict, percentile_metrics: Sequence[str],
         _row("Peak running requests", result["peak_running_requests"]),
         _row("Total token throughput (tok/s)", result["total_token_throughput"]),
     ]
+    if result.get("streamed") is False:
+        lines.append(_row("TTFT, TPOT, ITL (requests not streamed)", "n/a"))
     for name in percentile_metrics:
+        if result.get("streamed") is False and name != "e2el":
+            continue
         lines.append(_title(METRIC_TITLES[name], "-"))
         lines += _metric_rows(result, name, name.upper(), percentiles, with_max=False)
     lines.append(_title("From scheduled send time (incl. client queueing)", "-"))

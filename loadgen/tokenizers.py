@@ -35,7 +35,10 @@ class TiktokenCounter:
         try:
             self._encoding = load_encoding(encoding_name)
         except ValueError as exc:
-            raise TokenizerError(f"unknown tiktoken encoding {encoding_name!r}: {exc}") from exc
+            raise TokenizerError(
+                f"--tokenizer {encoding_name!r} is neither a tiktoken encoding, a local "
+                f"directory with tokenizer.json, nor 'server' (nothing is downloaded): {exc}"
+            ) from exc
         self.name = encoding_name
 
     def count_sync(self, texts: Sequence[str]) -> list[int]:

@@ -14,7 +14,7 @@ from pagedserve.server.api.admission import Admission
 from pagedserve.server.api.config import ServerConfig
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load
-from pagedserve.server.api.metrics import ParallelConfigCollector, ServerMetrics
+from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion
 from pagedserve.server.api.serving_tokenize import detokenize, tokenize
@@ -44,11 +44,11 @@ def create_app(config: ServerConfig) -> web.Application:
     app[MODEL_NAMES_KEY] = names
     app[ADMISSION_KEY] = admission
     app[BATCHES_KEY] = set()
-    app[METRICS_KEY] = ServerMetrics(names[0], lambda: _stats(app))
-    app[METRICS_KEY].registry.register(
-        ParallelConfigCollector(names[0], lambda: _parallel_info(app)))
+    app[METRICS_KEY] = ServerMetrics(names[0], lambda: app.get(ENGINE_KEY))
     app.cleanup_ctx.append(_engine_context)
+    app.on_startup.append(_attach_metrics)  # runs after _engine_context has started it
     app.on_response_prepare.append(add_load_hints)
+    app.on_response_prepare.append(_count_response)
     _add_routes(app.router)
     return app
 
@@ -73,14 +73,12 @@ def _add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/load", get_load)
 
 
-def _stats(app: web.Application) -> Any:
-    engine = app.get(ENGINE_KEY)
-    return engine.stats() if engine is not None else None
+async def _attach_metrics(app: web.Application) -> None:
+    app[METRICS_KEY].attach(app[ENGINE_KEY])
 
 
-def _parallel_info(app: web.Application) -> Any:
-    engine = app.get(ENGINE_KEY)
-    return engine.engine.parallel_info() if engine is not None else None
+async def _count_response(request: web.Request, response: web.StreamResponse) -> None:
+    request.app[METRICS_KEY].count_response(request, response)
 
 
 async def _engine_context(app: web.Application) -> AsyncIterator[None]:

@@ -32,6 +32,7 @@ class GenerationBatch:
         self._streams: list[AsyncIterable[RequestOutput]] = []
         self._unfinished: set[str] = set()
         self._last_token_time: list[float | None] = []
+        self._params: list[SamplingParams] = []
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._pumps: list[asyncio.Task[None]] = []
 
@@ -50,6 +51,7 @@ class GenerationBatch:
         """Submits one engine request; raises the engine's errors at once."""
         stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt)
         self._streams.append(stream)
+        self._params.append(params)
         self._unfinished.add(request_id)
         self._last_token_time.append(None)
 
@@ -90,12 +92,14 @@ class GenerationBatch:
     def _observe(self, index: int, output: RequestOutput) -> None:
         last = output.metrics.last_token_time
         previous = self._last_token_time[index]
-        if last is not None and previous is not None and last > previous:
+        if last is not None and previous is None:
+            self._metrics.observe_first_token(output)
+        elif last is not None and previous is not None and last > previous:
             self._metrics.observe_inter_token_latency(last - previous)
         self._last_token_time[index] = last
         if output.finished:
             self._unfinished.discard(output.request_id)
-            self._metrics.observe_finished(output)
+            self._metrics.observe_finished(output, self._params[index])
 
     def _abort_unfinished(self) -> None:
         for request_id in self._unfinished:

@@ -95,17 +95,16 @@ class _ChatView:
         envelope = self.envelope(CHUNK_OBJECT)
         if self.req.include_usage:
             envelope["usage"] = None
-        # OpenAI opens every choice with a chunk that carries only the role.
-        yield [
-            {**envelope, "choices": [{"index": i, "delta": {"role": ROLE, "content": ""},
-                                      "logprobs": None, "finish_reason": None}]}
-            for i in range(self.params.n)
-        ]
         tracker = StreamTracker(self.params.n)
         async for i, output in batch.outputs():
             chunks = []
             for d in tracker.deltas(i, output):
                 delta = {"content": d.text} if d.token_ids or d.text else {}
+                if d.first:
+                    # The role rides on the choice's first token, as vLLM sends it: a chunk
+                    # with choices before any token would read as the first token to clients
+                    # that time TTFT from the first chunk.
+                    delta = {"role": ROLE, **delta}
                 choice = {"index": d.index, "delta": delta,
                           "logprobs": self.logprobs(d.token_ids, d.logprobs),
                           "finish_reason": d.finish_reason}

@@ -9,17 +9,25 @@ from pagedserve.server.engine.engine_args import EngineArgs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.description = "Generate completions offline (no server) and print them."
     parser.add_argument("prompts", nargs="*", default=None,
-                        help="prompts (default: read one per line from stdin)")
+                        help="prompts; None: read one per line from stdin")
     sampling = parser.add_argument_group("sampling")
-    sampling.add_argument("--max-tokens", type=int, default=32)
-    sampling.add_argument("--temperature", type=float, default=0.0)
-    sampling.add_argument("--top-p", type=float, default=1.0)
-    sampling.add_argument("--top-k", type=int, default=-1)
-    sampling.add_argument("--n", type=int, default=1)
-    sampling.add_argument("--sampling-seed", type=int, default=None)
-    sampling.add_argument("--ignore-eos", action="store_true")
+    sampling.add_argument("--max-tokens", type=int, default=32,
+                          help="most tokens to generate per completion")
+    sampling.add_argument("--temperature", type=float, default=0.0,
+                          help="sampling temperature; 0: greedy")
+    sampling.add_argument("--top-p", type=float, default=1.0,
+                          help="nucleus sampling: keep the smallest set of tokens whose "
+                               "probability reaches this")
+    sampling.add_argument("--top-k", type=int, default=-1,
+                          help="keep the k most likely tokens; -1: all")
+    sampling.add_argument("--n", type=int, default=1, help="completions per prompt")
+    sampling.add_argument("--sampling-seed", type=int, default=None,
+                          help="per-request sampling seed; None: the engine's generator")
+    sampling.add_argument("--ignore-eos", action="store_true",
+                          help="keep generating past the end-of-sequence token")
     EngineArgs.add_cli_args(parser)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -25,10 +26,18 @@ def _available() -> dict[str, tuple[str, str]]:
     }
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("pagedserve")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "0.0.0"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = _available()
     parser = argparse.ArgumentParser(prog="pagedserve", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"pagedserve {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in commands.items():
         sub.add_parser(name, help=help_text, add_help=False)

@@ -25,25 +25,33 @@ from pagedserve.server.api.config import (
     ServerConfigError,
 )
 from pagedserve.server.api.shutdown import drain
+from pagedserve.server.api.state import ENGINE_KEY
+from pagedserve.server.cli.startup_log import startup_lines
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.errors import PagedServeError
 
 logger = logging.getLogger("pagedserve.serve")
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
+DEFAULT_MODEL = EngineArgs().model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Every flag shows its default in --help, as vLLM's do.
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    parser.description = "Serve a model over the OpenAI-compatible HTTP API."
+    parser.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                        help="the model to serve, as vLLM takes it (same as --model)")
     EngineArgs.add_cli_args(parser)
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="0.0.0.0", help="address to listen on")
     g.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free)")
     g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
-                   help="the model name(s) clients use; the first is the one responses carry "
-                        "(default: the --model value)")
-    g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                   help="the model name(s) clients use; the first is the one responses carry; "
+                        "None: the model's name")
+    g.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Bearer KEY' on every route but /health and "
-                        f"/metrics (default: ${API_KEY_ENV})")
+                        f"/metrics; None: ${API_KEY_ENV} if set, else no key")
     g.add_argument("--max-request-body-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="larger request bodies are refused with 413")
@@ -54,12 +62,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    engine_args = EngineArgs.from_cli_args(args)
+    if args.model_tag is not None:
+        if args.model != DEFAULT_MODEL and args.model != args.model_tag:
+            raise ServerConfigError(f"two models given: {args.model_tag!r} and --model "
+                                    f"{args.model!r}; give one")
+        engine_args.model = args.model_tag
     return ServerConfig(
-        engine_args=EngineArgs.from_cli_args(args),
+        engine_args=engine_args,
         host=args.host,
         port=args.port,
         served_model_names=list(args.served_model_name or []),
-        api_key=args.api_key,
+        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
     )
@@ -76,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         return run_launched_worker()
     try:
         config = config_from_args(args)
-    except ServerConfigError as exc:
+    except ValueError as exc:  # ServerConfigError, or an engine argument out of range
         _fail(str(exc))
         return 2
     return _run_event_loop(serve(config, access_log=not args.disable_access_log))
@@ -99,9 +113,12 @@ async def serve(config: ServerConfig, access_log: bool = True) -> int:
             return _fail(f"cannot listen on {config.host}:{config.port}: {exc}")
         if stop.is_set():
             return 0
-        for address in runner.addresses:
+        urls = [f"http://{address[0]}:{address[1]}" for address in runner.addresses]
+        for line in startup_lines(app[ENGINE_KEY].engine, config, urls):
+            logger.info("%s", line)
+        for url in urls:
             # A line on stdout that launchers (and tests, with --port 0) can wait for.
-            print(f"pagedserve: serving on http://{address[0]}:{address[1]}", flush=True)
+            print(f"pagedserve: serving on {url}", flush=True)
         await stop.wait()
         finished = await drain(app, config.drain_timeout)
         logger.info("drained %s", "cleanly" if finished else "after aborting stragglers")

@@ -12,6 +12,7 @@ import os
 import pickle
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
@@ -34,8 +35,9 @@ from pagedserve.server.distributed.rendezvous import (
 )
 from pagedserve.server.distributed.step_message import StepKind, StepMessage, send_step
 from pagedserve.server.distributed.watchdog import WorkerWatchdog, describe_exit
-from pagedserve.server.distributed.worker import KVBlocks, WorkerInit, worker_process
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.distributed.worker import KVBlocks, KVPlan, WorkerInit, worker_process
+from pagedserve.server.engine.config import SchedulerConfig
+from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.models.config import ModelConfig
@@ -60,6 +62,7 @@ class WorkerGroup:
         self._rdzv = rdzv
         self._processes = processes or {}
         self._failure: str | None = None
+        self._planned = False  # the workers know how the KV cache is sized
         self._ready = False  # every worker waits in the step loop
         self._closed = group.world_size == 1
         self._restore_threads = num_threads
@@ -84,8 +87,9 @@ class WorkerGroup:
         launcher started), forms the group. Workers then load their shards while rank 0
         loads its own."""
         size = args.tensor_parallel_size
+        base = resolve_device(args.device)
         if size == 1 and launched_rank() is None:
-            return cls(TensorParallelGroup(), torch.device(args.device))
+            return cls(TensorParallelGroup(), base)
         config = ModelConfig.from_pretrained(model_dir)
         check_tensor_parallel(config, size)
         timeout = timedelta(seconds=args.distributed_timeout)
@@ -97,7 +101,7 @@ class WorkerGroup:
         if rdzv.rank != 0:
             raise ValueError(f"the engine runs on rank 0; rank {rdzv.rank} must run the "
                              f"worker loop (pagedserve serve / generate do so under torchrun)")
-        device = rank_device(args.device, rdzv.local_rank)
+        device = rank_device(base, rdzv.local_rank)
         threads = torch.get_num_threads()
         per_rank = max(1, threads // size) if not launched else threads
         init = WorkerInit(_resolved(args, config, device), str(model_dir), per_rank)
@@ -116,10 +120,26 @@ class WorkerGroup:
                     device.type, "torchrun" if launched else "spawned workers", per_rank)
         return cls(group, device, rdzv, processes, threads)
 
+    def agree_kv_memory(self, profile: Callable[[], int], scheduler_config: SchedulerConfig,
+                        block_size: int, gpu_memory_utilization: float) -> int:
+        """The KV memory every rank can afford: ``profile()`` runs here while each worker
+        runs the same pass on its shard (the pass all-reduces, so all ranks must run it)."""
+        if self.size == 1:
+            return profile()
+        plan = KVPlan(True, scheduler_config, block_size, gpu_memory_utilization)
+        self._rdzv.set("kv_plan", pickle.dumps(plan))
+        self._planned = True
+        mine = profile()
+        _wait_for(self._rdzv, self._processes, "kv_memory", "measure its memory")
+        theirs = [int(self._rdzv.get(f"kv_memory/{rank}")) for rank in range(1, self.size)]
+        return min(mine, *theirs)
+
     def finish_startup(self, kv_cache: KVCache) -> None:
         """Tells the workers the pool sizes rank 0 chose for its KV shard; returns once every
         rank has its model shard and a KV cache of the same number of blocks."""
         if self.size > 1:
+            if not self._planned:
+                self._rdzv.set("kv_plan", pickle.dumps(KVPlan(False)))
             blocks = KVBlocks(kv_cache.num_device_blocks, kv_cache.num_cpu_blocks)
             self._rdzv.set("kv_blocks", pickle.dumps(blocks))
             try:
@@ -201,9 +221,10 @@ class WorkerGroup:
 
 
 def _resolved(args: EngineArgs, config: ModelConfig, device: torch.device) -> EngineArgs:
-    # Every rank must run in the same dtype; "auto" is resolved once, here.
+    # Every rank must run in the same dtype on the same kind of device; "auto" is resolved
+    # once, here.
     dtype = resolve_dtype(args.dtype, config, device)
-    return replace(args, dtype=str(dtype).removeprefix("torch."))
+    return replace(args, dtype=str(dtype).removeprefix("torch."), device=device.type)
 
 
 def _spawn(rdzv: Rendezvous, size: int) -> dict[int, BaseProcess]:

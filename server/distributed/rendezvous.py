@@ -71,9 +71,9 @@ def env_rendezvous(timeout: timedelta) -> Rendezvous:
     return Rendezvous(store, rank, world_size, local_rank)
 
 
-def rank_device(device: str, local_rank: int) -> torch.device:
+def rank_device(base: torch.device | str, local_rank: int) -> torch.device:
     """The device a rank computes on: its own GPU (``cuda:LOCAL_RANK``), or the CPU."""
-    base = torch.device(device)
+    base = torch.device(base)
     if base.type == "cpu":
         return base
     return torch.device(base.type, local_rank)

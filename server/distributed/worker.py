@@ -28,7 +28,9 @@ from pagedserve.server.distributed.rendezvous import (
 )
 from pagedserve.server.distributed.step_message import StepKind, receive_step, run_step
 from pagedserve.server.distributed.watchdog import watch_parent
+from pagedserve.server.engine.config import SchedulerConfig
 from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.models.loader import load_model
@@ -44,6 +46,18 @@ class WorkerInit:
     args: EngineArgs
     model_dir: str
     num_threads: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVPlan:
+    """How rank 0 sizes the KV cache. With ``profile`` (CUDA, sized from
+    ``gpu_memory_utilization``) every rank runs the profiling pass in step with rank 0 and
+    reports the memory it has left; rank 0 takes the least."""
+
+    profile: bool
+    scheduler_config: SchedulerConfig | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +123,16 @@ def _build_runner(init: WorkerInit, rdzv: Rendezvous, group, device: torch.devic
                   ) -> ModelRunner:
     args = init.args
     torch.manual_seed(args.seed)
+    baseline = MemorySnapshot.of(device) if device.type == "cuda" else None
     model, config = load_model(init.model_dir, dtype=args.dtype, device=device,
                                backend=args.kernel_backend, group=group)
+    rank_config = shard_config(config, group.world_size)
+    plan: KVPlan = pickle.loads(rdzv.get("kv_plan"))
+    if plan.profile:
+        memory = gpu_kv_cache_memory(model, rank_config, plan.scheduler_config,
+                                     plan.block_size, plan.gpu_memory_utilization, baseline)
+        rdzv.set(f"kv_memory/{rdzv.rank}", str(memory))
     blocks: KVBlocks = pickle.loads(rdzv.get("kv_blocks"))
-    kv_cache = KVCache(shard_config(config, group.world_size), args.block_size,
-                       blocks.num_device_blocks, blocks.num_cpu_blocks, model.dtype, device,
-                       model.kernel_ops)
+    kv_cache = KVCache(rank_config, args.block_size, blocks.num_device_blocks,
+                       blocks.num_cpu_blocks, model.dtype, device, model.kernel_ops)
     return ModelRunner(model, kv_cache, args.block_size, device)

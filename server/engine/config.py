@@ -7,9 +7,9 @@ from typing import Literal
 
 GiB = 1 << 30
 MAX_BLOCK_SIZE = 256
-# Used when neither num_kv_blocks nor kv_cache_memory is given: enough for a small model on a
-# CPU or a laptop GPU without starving the weights. Servers on real accelerators should set
-# kv_cache_memory (or num_kv_blocks) from the memory left after loading the model.
+# Used on CPU when neither num_kv_blocks nor kv_cache_memory is given: enough for a small model
+# without starving the weights. On CUDA the engine sizes the cache from gpu_memory_utilization
+# instead (engine/gpu_memory.py).
 DEFAULT_KV_CACHE_MEMORY = 1 * GiB
 
 KVAllocationName = Literal["paged", "contiguous"]
@@ -67,6 +67,11 @@ class CacheConfig:
         _require(not (self.enable_prefix_caching and self.kv_allocation == "contiguous"),
                  "enable_prefix_caching", self.enable_prefix_caching,
                  "False with kv_allocation='contiguous'")
+
+    @property
+    def sized_by_memory_default(self) -> bool:
+        """Neither a block count nor a memory size was given: the engine picks the size."""
+        return self.num_kv_blocks is None and self.kv_cache_memory is None
 
     def resolve_num_blocks(self, bytes_per_block: int) -> int:
         """Device blocks: ``num_kv_blocks`` if set, else the KV memory budget over the block."""

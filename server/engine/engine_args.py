@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
@@ -15,12 +18,13 @@ class EngineArgs:
     model: str = "tiny"
     dtype: str = "auto"
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"
     kernel_backend: str | None = None
     skip_tokenizer_init: bool = False
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
     swap_space: float = 4.0
     enable_prefix_caching: bool = False
     kv_allocation: str = "paged"
@@ -33,6 +37,9 @@ class EngineArgs:
     distributed_timeout: float = 120.0
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization!r}")
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got "
                              f"{self.tensor_parallel_size!r}")
@@ -74,27 +81,49 @@ class EngineArgs:
                        help="a local Hugging Face-format directory, or 'tiny' (the embedded "
                             "random-weight model)")
         g.add_argument("--dtype", default="auto",
-                       choices=["auto", "float32", "bfloat16", "float16"])
-        g.add_argument("--seed", type=int, default=0)
-        g.add_argument("--device", default="cpu")
-        g.add_argument("--kernel-backend", default=None, choices=["auto", "torch", "triton"])
+                       choices=["auto", "float32", "bfloat16", "float16"],
+                       help="weight and activation dtype; auto: the checkpoint's torch_dtype "
+                            "on CUDA, bfloat16 on CPUs with bfloat16 kernels, else float32")
+        g.add_argument("--seed", type=int, default=0, help="random seed of the engine")
+        g.add_argument("--device", default="auto",
+                       help="torch device to run on (cpu, cuda, cuda:1); auto: CUDA when "
+                            "there is one, else CPU")
+        g.add_argument("--kernel-backend", default=None, choices=["auto", "torch", "triton"],
+                       help="attention kernels; None: $PAGEDSERVE_KERNEL_BACKEND, else auto "
+                            "(Triton on CUDA, torch on CPU)")
         g.add_argument("--skip-tokenizer-init", action="store_true",
                        help="load no tokenizer: prompts must be token ids, no text output")
-        g.add_argument("--block-size", type=int, default=16)
+        g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
         size = g.add_mutually_exclusive_group()
-        size.add_argument("--num-kv-blocks", type=int, default=None)
+        size.add_argument("--num-kv-blocks", type=int, default=None,
+                          help="device KV cache blocks; overrides the memory-based sizing")
         size.add_argument("--kv-cache-memory", type=int, default=None,
-                          help="bytes of device memory for the KV cache")
-        g.add_argument("--swap-space", type=float, default=4.0, help="GiB of CPU swap space")
-        g.add_argument("--enable-prefix-caching", action="store_true")
-        g.add_argument("--kv-allocation", default="paged", choices=["paged", "contiguous"])
-        g.add_argument("--max-num-seqs", type=int, default=256)
-        g.add_argument("--max-num-batched-tokens", type=int, default=2048)
-        g.add_argument("--max-model-len", type=int, default=None)
+                          help="bytes of device memory for the KV cache; overrides "
+                               "--gpu-memory-utilization (None on CPU: 1 GiB)")
+        g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                       help="CUDA only: the fraction of the GPU's total memory this instance "
+                            "may use; the KV cache gets what weights and peak activations "
+                            "leave of it (ignored on CPU)")
+        g.add_argument("--swap-space", type=float, default=4.0,
+                       help="GiB of CPU memory for KV blocks of swapped-out requests")
+        g.add_argument("--enable-prefix-caching", action="store_true",
+                       help="reuse the KV blocks of identical prompt prefixes")
+        g.add_argument("--kv-allocation", default="paged", choices=["paged", "contiguous"],
+                       help="paged: blocks on demand (PagedAttention); contiguous: reserve "
+                            "max_model_len per request up front (the pre-paging baseline)")
+        g.add_argument("--max-num-seqs", type=int, default=256,
+                       help="most sequences in one step's batch")
+        g.add_argument("--max-num-batched-tokens", type=int, default=2048,
+                       help="most tokens one step computes (prefills are chunked to fit)")
+        g.add_argument("--max-model-len", type=int, default=None,
+                       help="context length (prompt + output); None: the model's own limit")
         g.add_argument("--preemption-mode", default="auto",
-                       choices=["auto", "recompute", "swap"])
+                       choices=["auto", "recompute", "swap"],
+                       help="how a request gives up its KV blocks when they run out; auto: "
+                            "swap requests with several samples or beams, recompute the rest")
         g.add_argument("--max-waiting-requests", type=int, default=None,
-                       help="waiting-queue limit; beyond it requests are refused (HTTP 429)")
+                       help="waiting-queue limit; beyond it requests are refused (HTTP 429); "
+                            "None: no limit")
         g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                        help="split the model across this many ranks (processes: gloo on "
                             "CPU, NCCL with one GPU each on CUDA); see the README")
@@ -105,3 +134,18 @@ class EngineArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → CUDA when there is one, else CPU; any other name must be a usable device."""
+    import torch  # here, not at import: `pagedserve bench` and the CLI parser need no torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"unknown device {name!r}: {exc}") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for, but CUDA is not available")
+    return device

@@ -18,6 +18,7 @@ from pagedserve.server.distributed.info import ParallelInfo
 from pagedserve.server.distributed.launcher import WorkerGroup
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.model_runner import ModelRunner
@@ -46,6 +47,8 @@ class LLMEngine:
         # Tensor parallelism: ranks 1..N-1 start here and load their shards meanwhile.
         self.workers = WorkerGroup.start(args, self.model_dir)
         self.device = self.workers.device
+        # The device before the weights load: what gpu_memory_utilization is measured against.
+        baseline = MemorySnapshot.of(self.device) if self.device.type == "cuda" else None
         self.model, self.model_config = load_model(
             self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend,
             group=self.workers.group,
@@ -53,6 +56,16 @@ class LLMEngine:
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
+        if baseline is not None and self.cache_config.sized_by_memory_default:
+            # Every rank profiles its shard in step (the pass all-reduces); the least wins.
+            memory = self.workers.agree_kv_memory(
+                lambda: gpu_kv_cache_memory(
+                    self.model, shard_config(self.model_config, self.workers.size),
+                    self.scheduler_config, self.cache_config.block_size,
+                    args.gpu_memory_utilization, baseline),
+                self.scheduler_config, self.cache_config.block_size,
+                args.gpu_memory_utilization)
+            self.cache_config = replace(self.cache_config, kv_cache_memory=memory)
         self.kv_cache = KVCache.create(
             shard_config(self.model_config, self.workers.size), self.cache_config,
             self.max_model_len, self.model.dtype, self.device, self.model.kernel_ops,

@@ -1,5 +1,5 @@
 """``/v1/chat/completions`` through the official openai SDK: the model's chat template, the
-role chunk, chat-shaped logprobs, usage equal to the tokenizer's counts."""
+role on the first token's chunk, chat-shaped logprobs, usage equal to the tokenizer's counts."""
 
 from __future__ import annotations
 
@@ -62,38 +62,51 @@ async def test_tokenize_messages_counts_what_chat_sends(server: LiveServer,
     assert body == {"count": len(ids), "tokens": ids, "max_model_len": 1024}
 
 
-async def test_stream_opens_with_the_role_and_ends_with_usage(client: AsyncOpenAI,
-                                                              offline: LLM) -> None:
-    expected = reference(offline, temperature=0, max_tokens=5, ignore_eos=True)
+async def test_stream_sends_the_role_with_the_first_token(client: AsyncOpenAI,
+                                                         offline: LLM) -> None:
+    expected = reference(offline, temperature=0, max_tokens=5, ignore_eos=True, logprobs=0)
+    want = expected.outputs[0]
     stream = await client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        logprobs=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
     )
     chunks = [chunk async for chunk in stream]
-    role_chunk, *token_chunks, usage_chunk = chunks
-    assert role_chunk.object == "chat.completion.chunk"
-    assert (role_chunk.choices[0].delta.role, role_chunk.choices[0].delta.content) == (
-        "assistant", "")
+    *token_chunks, usage_chunk = chunks
+    # Every chunk with choices carries exactly one generated token: none goes out before
+    # the engine has produced one, so the first such chunk is a client's true first token.
     assert len(token_chunks) == 5
-    assert all(c.choices[0].delta.role is None for c in token_chunks)
+    assert all(c.object == "chat.completion.chunk" for c in token_chunks)
+    tokenizer = offline.get_tokenizer()
+    for chunk, token_id in zip(token_chunks, want.token_ids, strict=True):
+        (entry,) = chunk.choices[0].logprobs.content
+        assert bytes(entry.bytes) == tokenizer.token_bytes(token_id)
+    first = token_chunks[0].choices[0]
+    assert first.delta.role == "assistant"
+    # Its text may be "" (a token ending mid-character), but it carries the token.
+    assert first.delta.content is not None
+    assert all(c.choices[0].delta.role is None for c in token_chunks[1:])
     content = "".join(c.choices[0].delta.content or "" for c in token_chunks)
-    assert content == expected.outputs[0].text
+    assert content == want.text
     assert [c.choices[0].finish_reason for c in token_chunks] == [None] * 4 + ["length"]
     assert usage_chunk.choices == []
     assert usage_chunk.usage.completion_tokens == 5
     assert usage_chunk.usage.prompt_tokens == len(expected.prompt_token_ids)
 
 
-async def test_parallel_samples_each_get_a_role_chunk(client: AsyncOpenAI) -> None:
+async def test_parallel_samples_each_get_the_role_on_their_first_token(
+        client: AsyncOpenAI) -> None:
     stream = await client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=3, n=2, temperature=1.0, seed=5,
-        stream=True, extra_body={"ignore_eos": True},
+        stream=True, logprobs=True, extra_body={"ignore_eos": True},
     )
     chunks = [chunk async for chunk in stream]
-    assert [c.choices[0].delta.role for c in chunks[:2]] == ["assistant", "assistant"]
-    assert sorted(c.choices[0].index for c in chunks[:2]) == [0, 1]
-    finished = sorted(c.choices[0].index for c in chunks if c.choices[0].finish_reason)
-    assert finished == [0, 1]
+    assert len(chunks) == 6  # one chunk per token per choice, nothing else
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        assert [c.delta.role for c in mine] == ["assistant", None, None]
+        assert all(len(c.logprobs.content) == 1 for c in mine)
+        assert [c.finish_reason for c in mine] == [None, None, "length"]
 
 
 async def test_logprobs_in_chat_shape(client: AsyncOpenAI, offline: LLM) -> None:

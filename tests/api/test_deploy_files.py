@@ -44,22 +44,90 @@ def test_compose_services(compose: dict[str, Any]) -> None:
         command = service["command"]
         assert command[0] == "serve"
         config = serve.config_from_args(parse(serve.add_arguments, command[1:]))
-        assert (config.port, config.served_model_names) == (8000, ["tiny"])
+        assert (config.engine_args.model, config.port, config.served_model_names) == (
+            "tiny", 8000, ["tiny"])
         # Docker must give the drain its time before it kills the container.
         assert int(service["stop_grace_period"].rstrip("s")) > config.drain_timeout
+
+
+def bench_argv(compose: dict[str, Any]) -> tuple[list[str], list[argparse.Namespace]]:
+    """The replicas the loadgen script loops over, and its bench command for each."""
+    (script,) = compose["services"]["loadgen"]["command"]
+    names = re.search(r"for name in (.*?); do", script).group(1).split()
+    bench = re.search(r"do (pagedserve bench .*?) & done", script).group(1)
+    runs = [parse(bench_cli.add_arguments,
+                  shlex.split(bench.replace("$$name", name))[2:]) for name in names]
+    return names, runs
 
 
 def test_loadgen_drives_every_replica(compose: dict[str, Any]) -> None:
     service = compose["services"]["loadgen"]
     assert set(service["depends_on"]) == set(SERVERS)
     assert all(v["condition"] == "service_healthy" for v in service["depends_on"].values())
-    (script,) = service["command"]
-    urls = re.search(r"for url in (.*?); do", script).group(1).split()
-    assert urls == [f"http://{name}:8000" for name in SERVERS]
-    bench = re.search(r"do (pagedserve bench .*?) & done", script).group(1)
-    argv = shlex.split(bench.replace("$$url", urls[0]))[2:]
-    args = parse(bench_cli.add_arguments, argv)
-    assert (args.model, args.base_url) == ("tiny", urls[0])
+    names, runs = bench_argv(compose)
+    assert names == list(SERVERS)
+    assert [(a.model, a.base_url) for a in runs] == [
+        ("tiny", f"http://{name}:8000") for name in SERVERS]
+
+
+def test_loadgen_writes_results_and_plots_to_a_mounted_folder(
+        compose: dict[str, Any]) -> None:
+    service = compose["services"]["loadgen"]
+    (mount,) = service["volumes"]
+    host, container = mount.split(":")
+    # The folder ships (so Docker does not create it as root) and its contents stay untracked.
+    assert (ROOT / host / ".gitkeep").is_file()
+    assert "results/*" in (ROOT / ".gitignore").read_text().splitlines()
+    _, runs = bench_argv(compose)
+    for name, args in zip(SERVERS, runs, strict=True):
+        assert (args.save_result, args.result_dir, args.label) == (True, container, name)
+        assert args.plot == f"{container}/plots-{name}"
+    # Written as the host user, so the files are the user's own.
+    assert service["user"] == "${HOST_UID:-1000}:${HOST_GID:-1000}"
+
+
+def test_published_ports_bind_to_localhost(compose: dict[str, Any]) -> None:
+    published = [(name, port) for name, service in compose["services"].items()
+                 for port in service.get("ports", [])]
+    assert len(published) == 4
+    for name, port in published:
+        assert port.startswith("127.0.0.1:"), (name, port)
+
+
+def env_example() -> dict[str, str]:
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_secrets_come_from_the_env_file(compose: dict[str, Any]) -> None:
+    example = env_example()
+    required = "${PAGEDSERVE_API_KEY:?set PAGEDSERVE_API_KEY in .env (see .env.example)}"
+    for name in SERVERS:
+        assert compose["services"][name]["environment"] == {serve.API_KEY_ENV: required}
+    # bench sends OPENAI_API_KEY as its bearer token.
+    assert compose["services"]["loadgen"]["environment"]["OPENAI_API_KEY"] == required
+    # Every variable the compose file reads is in the example, and the secrets are unset.
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert set(re.findall(r"\$\{([A-Z_]+)", text)) == set(example)
+    assert {k for k, v in example.items() if v.startswith("replace-with")} == {
+        "PAGEDSERVE_API_KEY", "GRAFANA_ADMIN_PASSWORD"}
+    for ignore in (".gitignore", ".dockerignore"):
+        assert ".env" in (ROOT / ignore).read_text().splitlines()
+
+
+def test_grafana_has_no_anonymous_access(compose: dict[str, Any]) -> None:
+    env = compose["services"]["grafana"]["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert env["GF_USERS_ALLOW_SIGN_UP"] == "false"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == (
+        "${GRAFANA_ADMIN_PASSWORD:?set GRAFANA_ADMIN_PASSWORD in .env (see .env.example)}")
+
+
+def test_long_running_services_restart(compose: dict[str, Any]) -> None:
+    # A server whose engine dies exits non-zero; the policy brings it back.
+    for name in (*SERVERS, "prometheus", "grafana"):
+        assert compose["services"][name]["restart"] == "unless-stopped", name
+    assert compose["services"]["loadgen"]["restart"] == "no"  # a one-off job
 
 
 def test_prometheus_scrapes_both_replicas() -> None:
@@ -93,9 +161,11 @@ def test_dashboard_queries_only_exported_metrics() -> None:
     for panel in dashboard["panels"]:
         assert panel["datasource"]["uid"] == uid
         for target in panel["targets"]:
-            used |= set(re.findall(r"pagedserve:[a-z0-9_]+", target["expr"]))
+            used |= set(re.findall(r"(?:vllm|pagedserve):[a-z0-9_]+", target["expr"]))
+    # test_metrics checks these names against a live server's /metrics.
     assert used <= exported, used - exported
-    assert len(used) >= 15  # every family is on a panel
+    assert {re.sub(r"_(total|bucket)$", "", name) for name in used} == (
+        GAUGES | COUNTERS | HISTOGRAMS)
 
 
 def test_dockerfile_installs_with_constraints() -> None:

@@ -1,14 +1,23 @@
-"""``pagedserve serve`` flags → ServerConfig (engine flags keep vLLM's names)."""
+"""``pagedserve serve`` as vLLM's ``vllm serve``: the model as a positional argument, flags
+with vLLM's names, help and defaults, ``--device auto``, ``--version``, and the startup log."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
+import re
+import signal
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from pagedserve.server.api import ServerConfig, ServerConfigError
-from pagedserve.server.cli import serve
+from pagedserve.server.api import ServerConfig
+from pagedserve.server.cli import generate, main, serve
+from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
+from pagedserve.server.models.config import ModelConfig
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -54,11 +63,13 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--max-request-body-bytes", "0"], "max_request_body_bytes must be at least 1, got 0"),
         (["--drain-timeout", "-1"], "drain_timeout must be non-negative, got -1.0"),
         (["--api-key", ""], "api_key must be non-empty when given"),
+        (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1], got 1.5"),
+        (["a", "--model", "b"], "two models given: 'a' and --model 'b'; give one"),
     ],
 )
 def test_bad_server_flags(argv: list[str], message: str,
                           capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(ServerConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         serve.config_from_args(parse(argv))
     assert serve.run(parse(argv)) == 2
     assert capsys.readouterr().err == f"pagedserve serve: {message}\n"
@@ -70,3 +81,96 @@ def test_unloadable_model_exits_1_with_the_reason(tmp_path: Path,
     assert serve.run(parse(["--model", str(missing), "--port", "0"])) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"pagedserve serve: cannot start the engine: model '{missing}' ")
+
+
+def test_model_as_positional_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
+    assert serve.config_from_args(parse(["/models/x", "--port", "1"])).engine_args.model == (
+        "/models/x")
+    assert serve.config_from_args(parse(["--model", "/models/y"])).engine_args.model == (
+        "/models/y")
+    # The same model both ways is not a conflict.
+    assert serve.config_from_args(parse(["/m", "--model", "/m"])).engine_args.model == "/m"
+
+
+@pytest.mark.parametrize("add_arguments", [serve.add_arguments, generate.add_arguments])
+def test_every_option_has_help_and_shows_its_default(
+        add_arguments: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "2000")  # one line per option: nothing wraps mid-phrase
+    parser = argparse.ArgumentParser(prog="pagedserve x")
+    add_arguments(parser)
+    text = parser.format_help()
+    actions = [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    for action in actions:
+        assert action.help and action.help.strip(), action.dest
+        line = next(line for line in text.splitlines() if action.help in line)
+        assert line.endswith(f"(default: {action.default})"), line
+
+
+def test_gpu_flags_have_vllm_names_and_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
+    defaults = serve.config_from_args(parse([])).engine_args
+    assert (defaults.device, defaults.gpu_memory_utilization) == ("auto", 0.9)
+    engine = serve.config_from_args(parse(["--device", "cpu", "--gpu-memory-utilization",
+                                           "0.5"])).engine_args
+    assert (engine.device, engine.gpu_memory_utilization) == ("cpu", 0.5)
+
+
+def test_device_auto_picks_cuda_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device 'cuda' was asked for, but CUDA is not"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main.main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"pagedserve {main._version()}\n"
+
+
+async def test_startup_log(model_dir: Path) -> None:
+    """A real ``pagedserve serve MODEL`` process logs what it runs before it says it serves."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pagedserve.server.cli.main", "serve", str(model_dir),
+        "--host", "127.0.0.1", "--port", "0", "--served-model-name", "tiny-test",
+        "--num-kv-blocks", "48", "--max-num-seqs", "8", "--max-model-len", "512",
+        "--dtype", "float32", "--disable-access-log", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        line = (await asyncio.wait_for(process.stdout.readline(), 120)).decode()
+        assert line.startswith("pagedserve: serving on http://127.0.0.1:"), line
+        url = line.rsplit(" ", 1)[1].strip()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0
+    logged = [entry.split("pagedserve.serve: ", 1)[1] for entry in err.decode().splitlines()
+              if "INFO pagedserve.serve: " in entry]
+    num_bytes = 48 * ModelConfig.from_pretrained(model_dir).bytes_per_block(16, torch.float32)
+    assert logged[:6] == [
+        f"model: {model_dir} ({model_dir}), served as tiny-test",
+        "dtype: float32, device: cpu, kernels: torch",
+        f"KV cache: 48 blocks of 16 tokens = 768 tokens, {num_bytes:,} bytes "
+        f"({num_bytes / 2**20:,.2f} MiB); CPU swap space: "
+        f"{EngineArgs().cache_config().num_cpu_blocks(num_bytes // 48):,} blocks",
+        "max_model_len: 512, max_num_seqs: 8, max_num_batched_tokens: 2,048",
+        # 48 blocks, 32 per request of 512 tokens.
+        "maximum concurrency for 512 tokens per request: 1.50x",
+        f"listening on {url}",
+    ]
+
+
+def test_help_never_shows_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(serve.API_KEY_ENV, "secret-from-env")
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert "secret-from-env" not in parser.format_help()
+    assert serve.config_from_args(parser.parse_args([])).api_key == "secret-from-env"

@@ -7,7 +7,9 @@ tokens in flight (prompt + n × max_tokens, the client's own reservation formula
 assert on what the server saw rather than on the test's wall clock.
 
 Fault forms, one per attempt:
-    ("status", code[, headers])    OpenAI-shaped error body "injected <code>"
+    ("status", code[, headers[, error_code]])
+                                   OpenAI-shaped error body "injected <code>" whose error
+                                   code is error_code (default: the status as text)
     ("slow", seconds)              sleep before answering normally
     ("after", n)                   answer only once n other answers have gone out
     ("drop",)                      headers and half a body, then close the connection
@@ -100,6 +102,7 @@ class FakeOpenAIServer:
         app.router.add_post("/v1/chat/completions", self._generate)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model}", self._model)
         if self.load is not None:
             app.router.add_get("/load", self._load)
         return app
@@ -162,7 +165,8 @@ class FakeOpenAIServer:
     ) -> web.StreamResponse:
         kind = fault[0]
         if kind == "status":
-            return self._error(fault[1], dict(fault[2]) if len(fault) > 2 else {})
+            headers = dict(fault[2]) if len(fault) > 2 else {}
+            return self._error(fault[1], headers, *fault[3:4])
         if kind == "slow":
             await asyncio.sleep(fault[1])
         elif kind == "after":
@@ -177,11 +181,12 @@ class FakeOpenAIServer:
         return web.Response(
             body=orjson.dumps(self._completion(body)),
             content_type="application/json",
-            headers=self._headers(),
+            headers={**self._headers(), "x-request-id": f"req-{len(self.answers)}"},
         )
 
-    def _error(self, status: int, headers: dict[str, str]) -> web.Response:
-        error = {"message": f"injected {status}", "type": "injected_error", "code": str(status)}
+    def _error(self, status: int, headers: dict[str, str], code: str | None = None) -> web.Response:
+        error = {"message": f"injected {status}", "type": "injected_error",
+                 "code": code or str(status)}
         return web.Response(
             status=status,
             body=orjson.dumps({"error": error}),
@@ -289,7 +294,15 @@ class FakeOpenAIServer:
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     async def _models(self, request: web.Request) -> web.Response:
-        payload = {"object": "list", "data": [{"id": "fake-model", "object": "model"}]}
+        model = {"id": "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
+        payload = {"object": "list", "data": [model]}
+        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+    async def _model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        if name != "fake-model":
+            return self._error(404, {}, "model_not_found")
+        payload = {"id": name, "object": "model", "created": 0, "owned_by": "fake"}
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     async def _load(self, request: web.Request) -> web.Response:

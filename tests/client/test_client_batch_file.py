@@ -7,7 +7,11 @@ import orjson
 import pytest
 
 from pagedserve.client import BatchInputError, BatchRequest, PoolConfig, RetryPolicy, run_batch_file
-from pagedserve.client.batch_file import parse_request_line, repair_and_load_done, scan_input
+from pagedserve.client.batch_file import (
+    load_previous_results,
+    parse_request_line,
+    scan_input,
+)
 
 WHERE = ("in.jsonl", 3)
 FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=0.0)
@@ -85,14 +89,17 @@ def test_scan_finds_duplicates_and_counts(tmp_path):
 
 def test_torn_tail_is_cut_and_corruption_is_reported(tmp_path):
     path = tmp_path / "out.jsonl"
-    path.write_bytes(b'{"custom_id": "a"}\n{"custom_id": "b"}\n{"custom_id": "c", "resp')
-    assert repair_and_load_done(path) == {"a", "b"}
-    assert path.read_bytes() == b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
+    ok = b'"response": {"status_code": 200, "body": {}}, "error": null'
+    path.write_bytes(b'{"custom_id": "a", ' + ok + b'}\n{"custom_id": "b", "response": null}\n'
+                     b'{"custom_id": "c", "resp')
+    previous = load_previous_results(path)
+    assert (previous.succeeded, previous.failed) == ({"a"}, {"b"})
+    assert path.read_bytes().endswith(b'{"custom_id": "b", "response": null}\n')
     path.write_bytes(b'{"custom_id": "a"}\nnot json\n')
     with pytest.raises(BatchInputError) as info:
-        repair_and_load_done(path)
+        load_previous_results(path)
     assert str(info.value) == f"{path}:2: corrupt output line; it is not a result this tool wrote"
-    assert repair_and_load_done(tmp_path / "missing.jsonl") == set()
+    assert load_previous_results(tmp_path / "missing.jsonl").succeeded == set()
 
 
 async def test_file_run_writes_one_result_per_line(serve, tmp_path):
@@ -104,18 +111,23 @@ async def test_file_run_writes_one_result_per_line(serve, tmp_path):
     summary = await run_batch_file(source, target, config(url))
     records = {r["custom_id"]: r for r in read_output(target)}
     assert sorted(records) == ["bad", "r0", "r1", "r2"]
+    # The OpenAI Batch API's output line, pagedserve's fields under their own key.
+    for record in records.values():
+        assert list(record) == ["id", "custom_id", "response", "error", "pagedserve"]
+        assert record["id"].startswith("batch_req_") and len(record["id"]) == 42
+    assert len({record["id"] for record in records.values()}) == 4
     ok = records["r1"]
-    assert ok["error"] is None and ok["attempts"] == 1 and ok["endpoint"] == url
+    assert ok["error"] is None and ok["pagedserve"] == {"attempts": 1, "endpoint": url}
+    assert list(ok["response"]) == ["status_code", "request_id", "body"]
     assert ok["response"]["status_code"] == 200
+    assert ok["response"]["request_id"].startswith("req-")
     assert ok["response"]["body"]["choices"][0]["text"] == " tok0 tok1"
-    assert records["bad"] == {
-        "custom_id": "bad",
-        "response": {"status_code": 400, "body": {"error": {
-            "message": "injected 400", "type": "injected_error", "code": "400"}}},
-        "error": {"type": "BadRequestError", "message": "400 Bad Request: injected 400"},
-        "endpoint": url,
-        "attempts": 1,
-    }
+    # An HTTP error is a response; `error` stays null.
+    bad = records["bad"]
+    assert bad["response"] == {"status_code": 400, "request_id": None, "body": {"error": {
+        "message": "injected 400", "type": "injected_error", "code": "400"}}}
+    assert bad["error"] is None
+    assert bad["pagedserve"] == {"attempts": 1, "endpoint": url, "error_type": "BadRequestError"}
     assert server.arrivals_for("p0")[0].body["model"] == "fake-model"  # the server's first
     assert (summary.succeeded, summary.failed, summary.skipped) == (3, 1, 0)
 
@@ -144,8 +156,9 @@ async def test_resume_after_cancel_gives_exactly_one_result_per_id(serve, tmp_pa
 async def test_resume_after_a_torn_line(serve, tmp_path):
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_input(source, 4)
-    target.write_bytes(b'{"custom_id": "r0", "response": null, "error": null}\n'
-                       b'{"custom_id": "r1", "response": null, "error": null}\n'
+    ok = b'"response": {"status_code": 200, "request_id": null, "body": {}}, "error": null'
+    target.write_bytes(b'{"custom_id": "r0", ' + ok + b'}\n'
+                       b'{"custom_id": "r1", ' + ok + b'}\n'
                        b'{"custom_id": "r2", "resp')
     server, url = await serve()
     summary = await run_batch_file(source, target, config(url), model="m")
@@ -153,3 +166,52 @@ async def test_resume_after_a_torn_line(serve, tmp_path):
     assert ids[:2] == ["r0", "r1"] and sorted(ids[2:]) == ["r2", "r3"]
     assert summary.skipped == 2
     assert sorted(a.key for a in server.arrivals) == ["p2", "p3"]
+
+
+async def test_rerun_retries_failed_lines_and_counts_the_unresolved(serve, tmp_path):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 4)
+    down = [("status", 503, {}, "engine_dead")]
+    server, url = await serve(script={"p1": down, "p2": [("status", 400)] * 2})
+    first = await run_batch_file(source, target, config(url), model="m")
+    # engine_dead cannot succeed by retrying the endpoint: one attempt, not max_attempts.
+    assert len(server.arrivals_for("p1")) == 1
+    assert (first.succeeded, first.failed, first.unresolved) == (2, 2, 2)
+    assert first.describe().endswith("; 2 of 4 items have no successful result "
+                                     "(rerun to retry them)")
+    dead = {r["custom_id"]: r for r in read_output(target)}["r1"]
+    assert dead["response"]["status_code"] == 503 and dead["error"] is None
+
+    kept = await run_batch_file(source, target, config(url), model="m", retry_failed=False)
+    assert (kept.submitted, kept.skipped, kept.previously_failed, kept.unresolved) == (0, 4, 2, 2)
+    assert len(server.arrivals) == 4
+
+    second = await run_batch_file(source, target, config(url), model="m")
+    assert (second.succeeded, second.failed, second.skipped, second.unresolved) == (1, 1, 2, 1)
+    records = read_output(target)
+    assert sorted(r["custom_id"] for r in records) == ["r0", "r1", "r2", "r3"]
+    by_id = {r["custom_id"]: r for r in records}
+    assert by_id["r1"]["response"]["status_code"] == 200
+    assert by_id["r2"]["response"]["status_code"] == 400
+    assert [len(server.arrivals_for(f"p{i}")) for i in range(4)] == [1, 2, 2, 1]
+
+    third = await run_batch_file(source, target, config(url), model="m")
+    assert (third.succeeded, third.unresolved) == (1, 0)
+    assert all(r["response"]["status_code"] == 200 for r in read_output(target))
+
+
+async def test_rerun_reads_results_from_an_openai_batch_file(serve, tmp_path):
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(source, 3)
+    openai_lines = [
+        {"id": "batch_req_1", "custom_id": "r0", "error": None, "response": {
+            "status_code": 200, "request_id": "abc", "body": {"choices": []}}},
+        {"id": "batch_req_2", "custom_id": "r1", "response": None,
+         "error": {"code": "batch_expired", "message": "expired"}},
+    ]
+    target.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in openai_lines))
+    server, url = await serve()
+    summary = await run_batch_file(source, target, config(url), model="m")
+    assert (summary.succeeded, summary.skipped, summary.unresolved) == (2, 1, 0)
+    assert sorted(a.key for a in server.arrivals) == ["p1", "p2"]
+    assert read_output(target)[0] == openai_lines[0]  # untouched

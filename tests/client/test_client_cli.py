@@ -67,13 +67,33 @@ async def test_pagedserve_batch_end_to_end(serve, tmp_path):
     assert code == 1, stderr
     summary = stderr.strip().splitlines()[-1]
     assert summary.startswith("2 succeeded, 1 failed, 0 skipped in ")
-    assert summary.endswith("; errors: UnprocessableEntityError=1")
+    assert summary.endswith("; errors: UnprocessableEntityError=1; 1 of 3 items have no "
+                            "successful result (rerun to retry them)")
     records = {r["custom_id"]: r for r in map(orjson.loads, target.read_bytes().splitlines())}
     assert records["c0"]["response"]["body"]["choices"][0]["message"]["content"] == (
         " tok0 tok1 tok2"
     )
-    assert records["c2"]["error"]["message"] == "422 Unprocessable Entity: injected 422"
+    assert records["c2"]["response"]["body"]["error"]["message"] == "injected 422"
     assert {a.body["model"] for a in server.arrivals} == {"m"}
+    # Nothing new to send, but c2 still has no result: the rerun keeps the exit status 1.
+    code, stderr = await _pagedserve("batch", str(source), str(target), "--base-url", url,
+                                     "--model", "m", "--no-retry-failed")
+    assert code == 1, stderr
+    assert stderr.strip().splitlines()[-1].startswith("0 succeeded, 0 failed, 3 skipped in ")
+    # By default the rerun retries the failed line, which now succeeds.
+    code, stderr = await _pagedserve("batch", str(source), str(target), "--base-url", url,
+                                     "--model", "m")
+    assert code == 0, stderr
+    assert stderr.strip().splitlines()[-1].startswith("1 succeeded, 0 failed, 2 skipped in ")
+    assert len(server.arrivals_for("q2")) == 2
+
+
+def test_retry_failed_is_documented_in_help(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--retry-failed, --no-retry-failed" in text
+    assert "send again the items whose earlier result is a failure" in text
 
 
 async def test_pagedserve_batch_rejects_bad_input(tmp_path):

@@ -10,6 +10,8 @@ from pagedserve.client import (
     AsyncClient,
     BadRequestError,
     InternalServerError,
+    Model,
+    NotFoundError,
     RateLimitError,
     RetryPolicy,
     Timeout,
@@ -193,7 +195,13 @@ async def test_tokenize_load_and_models(serve):
         counted = await client.tokenize("m", prompt="hello world")
         assert counted == TokenizeResult(count=2, tokens=[15339, 1917], max_model_len=1024)
         assert await client.load() == ServerLoad(0.25, 1, 2, 300, 0, 8, 512, 400)
-        assert await client.models() == ["fake-model"]
+        models = await client.models.list()
+        assert [model.id for model in models] == ["fake-model"]
+        assert models.data[0] == Model("fake-model", created=0, owned_by="fake")
+        assert await client.models.retrieve("fake-model") == models.data[0]
+        with pytest.raises(NotFoundError) as missing:
+            await client.models.retrieve("other")
+        assert missing.value.code == "model_not_found"
         with pytest.raises(ValueError) as info:
             await client.tokenize("m")
         assert str(info.value) == "tokenize needs exactly one of prompt or messages"

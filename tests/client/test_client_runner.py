@@ -60,11 +60,13 @@ async def test_faults_every_item_completes_exactly_once(serve):
     assert [r.index for r in results] == list(range(12))
     failed = {r.custom_id: r for r in results if not r.ok}
     assert sorted(failed) == ["id-5", "id-6"]
-    assert failed["id-5"].error == ItemError("BadRequestError", "400 Bad Request: injected 400")
+    assert failed["id-5"].error == ItemError(
+        "BadRequestError", "400 Bad Request: injected 400", "400"
+    )
     assert (failed["id-5"].status_code, failed["id-5"].attempts) == (400, 1)
     assert failed["id-5"].response["error"]["message"] == "injected 400"
     assert failed["id-6"].error == ItemError(
-        "InternalServerError", "503 Service Unavailable: injected 503"
+        "InternalServerError", "503 Service Unavailable: injected 503", "503"
     )
     assert failed["id-6"].attempts == 3
     for result in results:
@@ -107,7 +109,9 @@ async def test_too_large_request_fails_at_once(serve):
         results = await BatchRunner(pool).run(batch)
     huge = results[1]
     assert huge.error == ItemError(
-        "BudgetExceededError", "request needs 501 tokens but the in-flight token budget is 100"
+        "BudgetExceededError",
+        "request needs 501 tokens but the in-flight token budget is 100",
+        "budget_exceeded",
     )
     assert huge.attempts == 0
     assert [r.ok for r in results] == [True, False, True, True]
@@ -120,7 +124,7 @@ async def test_stream_in_a_batch_is_refused(serve):
     async with await pool_for([url]) as pool:
         (result,) = await BatchRunner(pool).run(batch)
     assert result.error == ItemError(
-        "InvalidRequestError", "stream must be false in a batch, got True"
+        "InvalidRequestError", "stream must be false in a batch, got True", "invalid_request"
     )
 
 
@@ -136,6 +140,21 @@ async def test_failing_endpoints_hand_their_work_to_a_healthy_one(serve):
     assert {r.endpoint for r in results} == {healthy_url}
     assert len(healthy.arrivals) == 10
     assert len(broken.arrivals) >= 1 and broken_endpoint.failed == len(broken.arrivals)
+
+
+async def test_a_dead_engine_fails_fast_alone_and_hands_work_over_in_a_pool(serve):
+    dead = [("status", 503, {}, "engine_dead")] * 10
+    alone, alone_url = await serve(script={"p0": dead})
+    async with await pool_for([alone_url]) as pool:
+        (result,) = await BatchRunner(pool, max_attempts=6).run(requests(1))
+    assert (result.ok, result.attempts, result.error.code) == (False, 1, "engine_dead")
+    assert len(alone.arrivals) == 1
+    broken, broken_url = await serve(script={f"p{i}": dead for i in range(4)})
+    healthy, healthy_url = await serve()
+    async with await pool_for([broken_url, healthy_url]) as pool:
+        results = await BatchRunner(pool, max_attempts=6).run(requests(4))
+    assert all(r.ok for r in results) and len(healthy.arrivals) == 4
+    assert 1 <= len(broken.arrivals) <= 4
 
 
 async def test_results_as_completed_or_in_input_order(serve):

@@ -125,10 +125,9 @@ async def test_chat_stream_equals_offline_engine(client: AsyncClient, offline: L
         model=MODEL, messages=MESSAGES, max_tokens=5, temperature=0, stream=True,
         stream_options={"include_usage": True}, ignore_eos=True,
     )
-    role_chunk, *token_chunks, usage_chunk = [chunk async for chunk in stream]
-    assert (role_chunk.choices[0].delta.role, role_chunk.choices[0].delta.content) == (
-        "assistant", "")
-    assert len(token_chunks) == 5
+    *token_chunks, usage_chunk = [chunk async for chunk in stream]
+    # The role rides on the first token's chunk: one chunk per token, nothing before.
+    assert [c.choices[0].delta.role for c in token_chunks] == ["assistant"] + [None] * 4
     assert "".join(c.choices[0].delta.content or "" for c in token_chunks) == expected.text
     assert token_chunks[-1].choices[0].finish_reason == "length"
     assert usage_chunk.usage == usage_of(prompt_ids, expected)
@@ -276,7 +275,7 @@ async def test_server_400_fails_only_its_item(server: LiveServer, client: AsyncC
     results, summary = await run_batch(requests, config, RunOptions(counter="server"))
     assert [r.custom_id for r in results] == [i.custom_id for i in items]
     bad = results[2]
-    assert bad.error == ItemError("BadRequestError", f"400 Bad Request: {message}")
+    assert bad.error == ItemError("BadRequestError", f"400 Bad Request: {message}", "400")
     assert (bad.status_code, bad.attempts, bad.usage) == (400, 1, None)
     assert bad.response == {"error": {"message": message, "type": "invalid_request_error",
                                       "param": "max_tokens", "code": None}}

@@ -40,7 +40,8 @@ class FakeOpenAIServer:
     """
 
     def __init__(self, faults: dict[int, str] | None = None, send_usage: bool = True,
-                 token_delay: float = 0.0) -> None:
+                 token_delay: float = 0.0, token_text: str = TOKEN) -> None:
+        self.token_text = token_text  # "" for tokens the tokenizer has no text for
         self.faults = faults or {}
         self.send_usage = send_usage
         self.token_delay = token_delay
@@ -89,6 +90,8 @@ class FakeOpenAIServer:
         if record.fault == "http500":
             return web.json_response({"error": {"message": "injected failure",
                                                 "type": "server_error"}}, status=500)
+        if not payload.get("stream"):
+            return self._whole(record, payload, chat)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         if chat:
@@ -97,7 +100,8 @@ class FakeOpenAIServer:
             if await self._inject(record, response, request, step):
                 return response
             for index in range(payload.get("n", 1)):
-                piece = {"delta": {"content": TOKEN}} if chat else {"text": TOKEN}
+                text = self.token_text
+                piece = {"delta": {"content": text}} if chat else {"text": text}
                 await _send(response, {"choices": [{"index": index, **piece}]})
                 record.completion_tokens += 1
             if self.token_delay:
@@ -112,6 +116,18 @@ class FakeOpenAIServer:
         record.completed = record.fault is None
         await response.write_eof()
         return response
+
+    def _whole(self, record: Served, payload: dict, chat: bool) -> web.Response:
+        """An unstreamed answer: n choices of max_tokens tokens each."""
+        n, max_tokens = payload.get("n", 1), payload["max_tokens"]
+        text = self.token_text * max_tokens
+        choices = [{"index": i, "message": {"role": "assistant", "content": text}} if chat
+                   else {"index": i, "text": text} for i in range(n)]
+        record.completion_tokens = n * max_tokens
+        record.completed = True
+        usage = {"prompt_tokens": record.prompt_tokens,
+                 "completion_tokens": record.completion_tokens}
+        return web.json_response({"choices": choices, "usage": usage})
 
     async def _inject(self, record: Served, response: web.StreamResponse,
                       request: web.Request, step: int) -> bool:

@@ -159,7 +159,9 @@ def test_sharegpt_errors_name_the_file(tmp_path: Path) -> None:
     ({"name": "sharegpt"},
      "--dataset-path must be a ShareGPT JSON file with --dataset-name sharegpt, got None"),
     ({"name": "wiki"}, "--dataset-name must be one of ('random', 'sharegpt', "
-                       "'sharegpt-like', 'alpaca-like', 'prefix'), got 'wiki'"),
+                       "'sharegpt-like', 'alpaca-like', 'prefix', 'sonnet'), got 'wiki'"),
+    ({"name": "sonnet", "sonnet_input_len": 100, "sonnet_prefix_len": 100},
+     "--sonnet-input-len must be more than --sonnet-prefix-len (100), got 100"),
     ({"num_prefixes": 0}, "--prefix-repetition-num-prefixes must be at least 1, got 0"),
 ])
 def test_bad_dataset_options(kwargs: dict, message: str) -> None:

@@ -89,15 +89,26 @@ async def test_refused_connection_is_a_failed_result() -> None:
 
 def test_payload_carries_sampling_options() -> None:
     spec = RequestSpec(base_url="http://h:1/", model="m", endpoint="chat", n=2, best_of=4,
-                       use_beam_search=True, ignore_eos=True, extra_body={"top_k": 5})
+                       use_beam_search=True, ignore_eos=True, extra_body={"seed": 5})
     payload = build_payload(spec, SampleRequest("hi", 1, 9))
+    # Beam search picks its answer at the end: the request is not streamed.
     assert payload == {
-        "model": "m", "max_tokens": 9, "temperature": 0.0, "stream": True,
-        "stream_options": {"include_usage": True},
+        "model": "m", "max_tokens": 9, "temperature": 0.0, "stream": False,
         "messages": [{"role": "user", "content": "hi"}],
-        "n": 2, "best_of": 4, "use_beam_search": True, "ignore_eos": True, "top_k": 5,
+        "n": 2, "best_of": 4, "use_beam_search": True, "ignore_eos": True, "seed": 5,
     }
     assert spec.url == "http://h:1/v1/chat/completions"
+    sampled = RequestSpec(base_url="http://h:1/v1", model="m", top_p=0.9, top_k=20, min_p=0.05,
+                          logprobs=3, temperature=0.7)
+    assert build_payload(sampled, SampleRequest("hi", 1, 9)) == {
+        "model": "m", "max_tokens": 9, "temperature": 0.7, "stream": True,
+        "stream_options": {"include_usage": True}, "prompt": "hi",
+        "top_p": 0.9, "top_k": 20, "min_p": 0.05, "logprobs": 3,
+    }
+    assert sampled.url == "http://h:1/v1/completions"  # no /v1/v1
+    chat = RequestSpec(base_url="http://h:1", model="m", endpoint="chat", logprobs=2)
+    payload = build_payload(chat, SampleRequest("hi", 1, 9))
+    assert (payload["logprobs"], payload["top_logprobs"]) == (True, 2)
 
 
 class _StubContent:
@@ -136,9 +147,46 @@ async def test_events_split_across_reads_keep_their_read_time(fake_clock: None) 
     assert "".join(parts) == "abc" and result.output_tokens == 3
 
 
-async def test_done_without_text_is_an_error(fake_clock: None) -> None:
-    with pytest.raises(StreamProtocolError, match="without any generated text"):
-        await _read_stream(_StubResponse([b"data: [DONE]\n\n"]), RequestResult(0, 1, 1), [])
+async def test_done_without_any_choice_is_an_error(fake_clock: None) -> None:
+    usage = b'data: {"choices": [], "usage": {"completion_tokens": 0}}\n\n'
+    with pytest.raises(StreamProtocolError, match="without any choices"):
+        await _read_stream(_StubResponse([usage, b"data: [DONE]\n\n"]),
+                           RequestResult(0, 1, 1), [])
+
+
+@pytest.mark.parametrize("chat", [False, True])
+async def test_tokens_without_text_complete_the_request(fake_clock: None, chat: bool) -> None:
+    # Every sampled token decodes to "" (ids the tokenizer has no text for).
+    def chunk(i: int, finish: str | None = None) -> bytes:
+        choice: dict = {"index": 0, "finish_reason": finish}
+        if chat:
+            choice["delta"] = {"role": "assistant", "content": ""} if i == 0 else {"content": ""}
+        else:
+            choice["text"] = ""
+        return b"data: " + orjson.dumps({"choices": [choice]}) + b"\n\n"
+
+    role = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n'
+    reads = [role] if chat else []  # t=100: a role announcement carries no token
+    reads += [chunk(1), chunk(2), chunk(3, "length"),
+              b'data: {"choices": [], "usage": {"completion_tokens": 3}}\n\n',
+              b"data: [DONE]\n\n"]
+    result = RequestResult(0, 1, 3)
+    parts: list[str] = []
+    await _read_stream(_StubResponse(reads), result, parts)
+    first = 101.0 if chat else 100.0
+    # Empty text beside the finish reason is the end of the stream, not a token.
+    assert result.chunk_times == [first, first + 1]
+    assert parts == [] and result.output_tokens == 3
+
+
+async def test_a_stream_whose_choices_never_carry_a_token_times_its_first_choice(
+        fake_clock: None) -> None:
+    role = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}'
+    finish = b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}'
+    result = RequestResult(0, 1, 1)
+    await _read_stream(_StubResponse([role + b"\n\n", finish + b"\n\n",
+                                      b"data: [DONE]\n\n"]), result, [])
+    assert result.chunk_times == [100.0]  # as vLLM's client counts it
 
 
 async def test_choices_of_the_wrong_shape_are_an_error(fake_clock: None) -> None:

@@ -186,12 +186,47 @@ def test_sweep_over_rates_writes_every_point(serve, tmp_path: Path, capsys) -> N
                                          "--sweep-max-concurrency, got []"),
     (["bench", "sweep", "--model", "m", "--sweep-max-concurrency", "2,0.5"],
      "--sweep-max-concurrency must be whole numbers of at least 1, got 0.5"),
-    (["bench", "frobnicate", "--model", "m"], "the first argument must be 'compare A.json "
-                                              "B.json', 'sweep' or nothing, got 'frobnicate'"),
+    (["bench", "--model", "m", "--backend", "openai-chat", "--endpoint", "/v1/completions"],
+     "--endpoint must be a chat completions endpoint with --backend openai-chat, "
+     "got '/v1/completions'"),
+    (["bench", "--model", "m", "--endpoint", "/v1/embeddings"],
+     "--endpoint must be 'completions', 'chat' or a path such as /v1/completions or "
+     "/v1/chat/completions, got '/v1/embeddings'"),
+    (["bench", "--model", "m", "--best-of", "3", "--goodput", "ttft:100"],
+     "--goodput must be e2el only with unstreamed requests (--best-of above --n, "
+     "--use-beam-search), which have no TTFT or TPOT, got ['ttft:100']"),
+    (["bench", "--model", "m", "--tokenizer", "org/some-model"],
+     "--tokenizer 'org/some-model' is neither a tiktoken encoding, a local directory with "
+     "tokenizer.json, nor 'server' (nothing is downloaded): "),
 ])
 def test_usage_errors_exit_2_with_the_reason(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == f"pagedserve bench: error: {message}"
+    assert capsys.readouterr().err.strip().startswith(f"pagedserve bench: error: {message}")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["bench", "frobnicate", "--model", "m"], "invalid choice: 'frobnicate'"),
+    # Sweep options belong to 'sweep': given to a plain run they are an error, not ignored.
+    (["bench", "--model", "m", "--sweep-request-rates", "1,2"],
+     "error: --sweep-request-rates belongs to the sweep: pagedserve bench sweep "
+     "--sweep-request-rates 1,2 ..."),
+])
+def test_argument_errors(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_sweep_help_documents_the_sweep_only(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "sweep", "--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: pagedserve bench sweep [-h] [--sweep-request-rates")
+    assert "--sweep-max-concurrency" in text and "--random-input-len" not in text
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = capsys.readouterr().out
+    assert "--random-input-len" in text and "--sweep-request-rates" not in text
 
 
 def test_duration_open_loop_sends_the_whole_schedule(serve, tmp_path: Path) -> None:
