@@ -25,9 +25,10 @@ class CommTimer:
     enabled: bool = False
     seconds: float = 0.0
     count: int = 0
+    bytes: int = 0  # payload handed to the collectives by this rank
 
     def reset(self) -> None:
-        self.seconds, self.count = 0.0, 0
+        self.seconds, self.count, self.bytes = 0.0, 0, 0
 
 
 @dataclass(slots=True)
@@ -98,3 +99,4 @@ class TensorParallelGroup:
             torch.cuda.synchronize(tensor.device)
         self.timer.seconds += time.perf_counter() - start
         self.timer.count += 1
+        self.timer.bytes += tensor.numel() * tensor.element_size()
