@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from pagedserve.server import LLM, BeamSearchParams, SamplingParams
+from pagedserve.server.api.config import ServerConfig
+from pagedserve.server.cli.startup_log import startup_lines
 from pagedserve.server.distributed.info import ParallelInfo
 from pagedserve.server.distributed.step_message import StepMessage
 from tests.e2e.conftest import prompt_token_ids
@@ -128,3 +130,7 @@ def test_each_rank_holds_half_the_kv_bytes(engines) -> None:
     assert two == ParallelInfo(2, 48, one.kv_bytes_per_rank // 2,
                                2 * one.cpu_kv_blocks_per_rank)
     tp2.engine.check_health()
+    # 2 (K, V) x 2 layers x 1 KV head x 16 dims x 8 tokens x 4 bytes = 2048 bytes a block.
+    assert ("tensor parallel size: 2; each rank holds 2 of 4 attention heads, 1 of 2 KV "
+            "heads, and 48 KV blocks = 98,304 bytes (0.09 MiB) per rank") in startup_lines(
+        tp2.engine, ServerConfig(), [])
