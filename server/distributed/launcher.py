@@ -187,6 +187,8 @@ class WorkerGroup:
         self._closed = True
         self._watchdog.stop()
         _kill(list(self._processes.values()))
+        if self.device.type == "cpu":
+            destroy_group()  # a failed NCCL group may hang in its teardown; the process ends
         logger.error("%s", self._failure)
         return WorkerFailedError(self._failure)
 
@@ -214,8 +216,8 @@ class WorkerGroup:
                 logger.warning("could not tell the workers to stop: %s", exc)
         _kill(list(self._processes.values()))
         self._finalizer.detach()
-        if not failed or self.device.type == "cpu":
-            destroy_group()  # a failed NCCL group may hang in its teardown; the process ends
+        if not failed:
+            destroy_group()
         if self._restore_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(self._restore_threads)
 
