@@ -22,13 +22,13 @@ import pytest
 from tests.distributed.conftest import greedy_case
 from tests.distributed.thread_ranks import greedy_on_ranks
 
-NEW_TOKENS = 24
+NEW_TOKENS = 20
 
 
 @pytest.mark.parametrize("name", ["llama", "llama_kv1", "qwen2", "opt"])
 def test_two_ranks_match_one_rank_and_transformers(tp_checkpoints: dict[str, Path],
                                                    name: str) -> None:
     path = tp_checkpoints[name]
-    prompts, expected = greedy_case(path, 6, NEW_TOKENS)
+    prompts, expected = greedy_case(path, NEW_TOKENS)
     assert greedy_on_ranks(path, prompts, NEW_TOKENS, world_size=2) == expected
     assert greedy_on_ranks(path, prompts, NEW_TOKENS, world_size=1) == expected
