@@ -85,6 +85,16 @@ class TensorParallelGroup:
         self._stop(start, tensor)
         return torch.cat(parts, dim=-1) if parts is not None else None
 
+    def broadcast_cpu(self, tensor: torch.Tensor) -> None:
+        """Rank 0's CPU ``tensor`` into the same-shaped tensor of every other rank (the step
+        messages)."""
+        if self.cpu_group is None:
+            raise RuntimeError(f"rank {self.rank} of {self.world_size} has no process group to "
+                               f"communicate through (see rendezvous.init_group)")
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.cpu_group.broadcast([tensor], options).wait()
+
     def _start(self, tensor: torch.Tensor) -> float:
         if not self.timer.enabled:
             return 0.0
