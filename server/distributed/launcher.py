@@ -94,6 +94,9 @@ class WorkerGroup:
         check_tensor_parallel(config, size)
         timeout = timedelta(seconds=args.distributed_timeout)
         launched = launched_rank() is not None
+        if base.type == "cuda" and not launched and size > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size {size} needs {size} GPUs, one per rank; "
+                             f"this machine has {torch.cuda.device_count()}")
         rdzv = env_rendezvous(timeout) if launched else host_store(size, timeout)
         if rdzv.world_size != size:
             raise ValueError(f"WORLD_SIZE {rdzv.world_size} from the environment does not "

@@ -105,6 +105,8 @@ def serve_worker(rdzv: Rendezvous) -> None:
     device = rank_device(init.args.device, rdzv.local_rank)
     if device.type == "cpu":
         torch.set_num_threads(init.num_threads)
+    else:  # fails here, before joining, if the device does not exist
+        torch.cuda.set_device(device)
     rdzv.set(f"joined/{rdzv.rank}", b"1")
     group = init_group(rdzv, device, WORKER_WAIT)
     try:
