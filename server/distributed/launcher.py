@@ -23,7 +23,6 @@ import torch.multiprocessing as mp
 
 from pagedserve.server.distributed.driver import TensorParallelRunner
 from pagedserve.server.distributed.errors import WorkerFailedError
-from pagedserve.server.distributed.group import TensorParallelGroup
 from pagedserve.server.distributed.rendezvous import (
     Rendezvous,
     destroy_group,
@@ -42,6 +41,7 @@ from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.loader import resolve_dtype
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel
 
 logger = logging.getLogger(__name__)

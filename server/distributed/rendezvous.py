@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from pagedserve.server.distributed.group import TensorParallelGroup
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 
 # Store keys; torch.distributed keeps its own keys under other prefixes.
 KEY_PREFIX = "pagedserve/"

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from pagedserve.server.distributed.group import TensorParallelGroup
 from pagedserve.server.engine.model_runner import ModelInput, ModelRunner
 from pagedserve.server.engine.scheduler_output import BlockMapping, SchedulerOutput
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 
 
 class StepKind(enum.IntEnum):

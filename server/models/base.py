@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from pagedserve.kernels.dispatch import KernelOps
-from pagedserve.server.distributed.group import TensorParallelGroup
 from pagedserve.server.models.attention import AttentionMetadata
 from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import ParallelLMHead, VocabParallelEmbedding
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.server.distributed.group import TensorParallelGroup
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import (
     MergedColumnParallelLinear,
     RowParallelLinear,

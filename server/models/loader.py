@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
-from pagedserve.server.distributed.group import TensorParallelGroup
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel
 from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.weights import checkpoint_files, iterate_weights, load_weights

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.server.distributed.group import TensorParallelGroup
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.weight_slot import WeightSlot
 
 

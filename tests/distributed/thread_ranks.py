@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pagedserve.server.distributed.group import TensorParallelGroup
 from pagedserve.server.distributed.step_message import StepMessage, run_step
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelInput, ModelRunner
 from pagedserve.server.models.attention import AttentionMetadata
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import shard_config
 
 BLOCK_SIZE = 8
