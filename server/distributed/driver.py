@@ -49,8 +49,13 @@ class TensorParallelRunner:
         try:
             self.workers.send(message)
             hidden, self._logits = run_step(self.runner, message)
-        except Exception as exc:
-            raise self.workers.fail(exc) from exc
+        except BaseException as exc:
+            # The ranks are out of step (a collective failed, or Ctrl-C interrupted one):
+            # the group cannot be used again either way.
+            error = self.workers.fail(exc)
+            if isinstance(exc, Exception):
+                raise error from exc
+            raise
         self._logit_index = {row: i for i, row in enumerate(rows)}
         return hidden, starts
 
