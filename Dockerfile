@@ -13,6 +13,7 @@ ENV PYTHONUNBUFFERED=1 \
 WORKDIR /opt/pagedserve/src
 COPY pyproject.toml constraints.txt README.md ./
 COPY server ./server
+COPY common ./common
 COPY client ./client
 COPY kernels ./kernels
 COPY loadgen ./loadgen

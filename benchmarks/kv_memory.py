@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from kv_sim import SHAREGPT, lognormal_lengths, make_scheduler, running_seqs, synthetic_prompt
 
 from pagedserve.server.engine.kv_allocation import cdiv
-from pagedserve.server.engine.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
+from pagedserve.server.engine.scheduler_stats import TokenOccupancy
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.engine.stats import TokenOccupancy
+from pagedserve.server.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

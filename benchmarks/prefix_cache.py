@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.engine.metrics import StepStats
+from pagedserve.server.engine.engine_stats import StepStats
 from pagedserve.server.engine.outputs import RequestOutput
 
 # Structure tokens of the synthetic prompts; content tokens are drawn above CONTENT_START.

@@ -48,9 +48,9 @@ from kv_sim import (
     synthetic_prompt,
 )
 
-from pagedserve.server.engine.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.sampling_params import SamplingParams
 
 WIDTHS = (2, 4, 6)
 # The paper's savings (percent) over widths 2-6, for the table only.

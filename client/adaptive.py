@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from pagedserve.client.budget import TokenBudget
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.types import ServerLoad
+from pagedserve.common.load_hints import LoadHints
 
 # How far past the KV cache the budget may grow: reservations count max_tokens for every
 # request, while most stop early, so the cache fills at well below the reserved total.

@@ -20,8 +20,8 @@ from pagedserve.client.admission import AdmissionQueue
 from pagedserve.client.budget import Reservation, TokenBudget
 from pagedserve.client.client import AsyncClient
 from pagedserve.client.errors import APIStatusError, BudgetExceededError, RateLimitError
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.retry import RetryPolicy, retry_after_seconds
+from pagedserve.common.load_hints import LoadHints
 
 
 @dataclass(slots=True, eq=False)

@@ -22,12 +22,12 @@ from typing import Any
 
 from pagedserve.client.batch import BatchRequest, BatchResult, BatchSummary
 from pagedserve.client.errors import ClientError, InvalidRequestError
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.pool import EndpointPool, Grant
 from pagedserve.client.progress import BatchProgress
 from pagedserve.client.retry import endpoint_is_down, is_retryable
 from pagedserve.client.tokens import TiktokenCounter, TokenCounter, reserved_tokens
 from pagedserve.client.types import ChatCompletion, Completion, parse_response
+from pagedserve.common.load_hints import LoadHints
 
 DEFAULT_NUM_WORKERS = 256
 DEFAULT_MAX_ATTEMPTS = 6

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
-from pagedserve.client.encoding import load_encoding
 from pagedserve.client.errors import InvalidRequestError
+from pagedserve.common.encoding import load_encoding
 
 if TYPE_CHECKING:
     from pagedserve.client.client import AsyncClient

@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from pagedserve.client.encoding import load_encoding
+from pagedserve.common.encoding import load_encoding
 from pagedserve.loadgen.errors import DatasetError
 from pagedserve.loadgen.tokenizers import TokenCounter
 

@@ -14,7 +14,7 @@ from typing import Protocol
 import aiohttp
 import orjson
 
-from pagedserve.client.encoding import load_encoding
+from pagedserve.common.encoding import load_encoding
 from pagedserve.loadgen.errors import TokenizerError
 
 SERVER_TOKENIZER = "server"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
 
 
 class TokensPrompt(TypedDict):
@@ -85,7 +85,7 @@ class LLM:
         for prompt, params in zip(prompt_list, params_list):
             request_id = str(next(self._request_ids))
             text, token_ids = self._tokenize(prompt)
-            self.engine.add_request(request_id, token_ids, _copy(params), prompt=text)
+            self.engine.add_request(request_id, token_ids, params, prompt=text)
             order.append(request_id)
         return self._run(order)
 
@@ -130,8 +130,3 @@ class LLM:
                 param="sampling_params",
             )
         return params
-
-
-def _copy(params: SamplingParams) -> SamplingParams:
-    # The engine fills defaults (max_tokens) per request; callers' objects stay untouched.
-    return replace(params)

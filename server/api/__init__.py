@@ -11,12 +11,14 @@ Routes:
 - ``GET /health`` (200 while the engine loop runs, 503 otherwise or while draining),
   ``GET /metrics`` (Prometheus, ``pagedserve:`` names), ``GET /version``, ``GET /load``.
 
-Every response carries the load-hint headers of ``pagedserve.client.load_hints``. Errors
+Every response but a 401 carries the load-hint headers of ``pagedserve.common.load_hints``.
+Limits on the work of one request or connection are in ``limits`` and ``connections``. Errors
 have OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
 """
 
-from pagedserve.server.api.app import create_app, make_runner
+from pagedserve.server.api.app import create_app, make_runner, make_site
 from pagedserve.server.api.config import ServerConfig, ServerConfigError
 from pagedserve.server.api.shutdown import drain
 
-__all__ = ["ServerConfig", "ServerConfigError", "create_app", "drain", "make_runner"]
+__all__ = ["ServerConfig", "ServerConfigError", "create_app", "drain", "make_runner",
+           "make_site"]

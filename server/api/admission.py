@@ -14,7 +14,12 @@ from typing import Any
 
 from aiohttp import web
 
-from pagedserve.server.api.errors import INVALID_REQUEST, APIError, shutting_down
+from pagedserve.server.api.errors import (
+    INVALID_REQUEST,
+    APIError,
+    invalid_request,
+    shutting_down,
+)
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
@@ -78,5 +83,10 @@ class Admission:
                 "You didn't provide an API key: send it in the Authorization header as "
                 "'Bearer YOUR_KEY'."
             )
-        if not hmac.compare_digest(token.strip().encode(), self._api_key):
+        try:
+            presented = token.strip().encode()
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (aiohttp keeps them escaped)
+            raise invalid_request("The Authorization header must be valid UTF-8.",
+                                  param=None) from None
+        if not hmac.compare_digest(presented, self._api_key):
             raise _unauthorized("Incorrect API key provided.")

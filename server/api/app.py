@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -12,6 +13,7 @@ from aiohttp import web
 from pagedserve.server.api import routes_info
 from pagedserve.server.api.admission import Admission
 from pagedserve.server.api.config import ServerConfig
+from pagedserve.server.api.connections import GuardedTCPSite, expect_continue
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load
 from pagedserve.server.api.metrics import ServerMetrics
@@ -26,6 +28,7 @@ from pagedserve.server.api.state import (
     METRICS_KEY,
     MODEL_NAMES_KEY,
     STARTED_KEY,
+    TOKENIZER_POOL_KEY,
 )
 
 # Once the engine is gone, how long a handler may keep its connection open.
@@ -45,6 +48,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app[ADMISSION_KEY] = admission
     app[BATCHES_KEY] = set()
     app[METRICS_KEY] = ServerMetrics(names[0], lambda: app.get(ENGINE_KEY))
+    app.cleanup_ctx.append(_tokenizer_pool_context)
     app.cleanup_ctx.append(_engine_context)
     app.on_startup.append(_attach_metrics)  # runs after _engine_context has started it
     app.on_response_prepare.append(add_load_hints)
@@ -57,16 +61,22 @@ def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     """The runner every launcher must use: with ``handler_cancellation`` a client that
     disconnects cancels its handler, which is what aborts a non-streaming generation."""
     kwargs.setdefault("shutdown_timeout", _SHUTDOWN_TIMEOUT_S)
+    kwargs.setdefault("keepalive_timeout", app[CONFIG_KEY].limits.timeout_keep_alive)
     return web.AppRunner(app, handler_cancellation=True, **kwargs)
 
 
+def make_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
+    """The TCP site every launcher must use: it caps connections and header-read time."""
+    return GuardedTCPSite(runner, host, port, runner.app[CONFIG_KEY].limits)
+
+
 def _add_routes(router: web.UrlDispatcher) -> None:
-    router.add_post("/v1/completions", create_completion)
-    router.add_post("/v1/chat/completions", create_chat_completion)
+    for path, handler in (("/v1/completions", create_completion),
+                          ("/v1/chat/completions", create_chat_completion),
+                          ("/tokenize", tokenize), ("/detokenize", detokenize)):
+        router.add_post(path, handler, expect_handler=expect_continue)
     router.add_get("/v1/models", routes_info.list_models)
     router.add_get("/v1/models/{model}", routes_info.retrieve_model)
-    router.add_post("/tokenize", tokenize)
-    router.add_post("/detokenize", detokenize)
     router.add_get("/health", routes_info.health)
     router.add_get("/metrics", routes_info.metrics)
     router.add_get("/version", routes_info.version)
@@ -79,6 +89,16 @@ async def _attach_metrics(app: web.Application) -> None:
 
 async def _count_response(request: web.Request, response: web.StreamResponse) -> None:
     request.app[METRICS_KEY].count_response(request, response)
+
+
+async def _tokenizer_pool_context(app: web.Application) -> AsyncIterator[None]:
+    threads = app[CONFIG_KEY].limits.tokenizer_threads
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="pagedserve-tokenizer")
+    app[TOKENIZER_POOL_KEY] = pool
+    try:
+        yield
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 async def _engine_context(app: web.Application) -> AsyncIterator[None]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from pagedserve.server.engine.engine_args import EngineArgs
 
@@ -11,6 +11,34 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
 
 class ServerConfigError(ValueError):
     """A server setting outside its allowed range."""
+
+
+@dataclass(slots=True, frozen=True)
+class ServerLimits:
+    """``max_prompts_per_request``: prompts in one completions request.
+    ``max_completions_per_request``: prompts × best_of (which is n unless set) in one request.
+    ``tokenizer_threads``: the pool that tokenizes large inputs and ``/tokenize`` off the
+    event loop, so /health and streams keep answering meanwhile.
+    ``timeout_keep_alive``: seconds an idle connection stays open (also the bound on how long
+    a connection may take to deliver a request's headers after connecting or after its
+    previous response).
+    ``timeout_header_read``: seconds a new connection gets to deliver its first request's
+    headers (a client that trickles them is cut off).
+    ``max_connections``: open connections; beyond it a new one gets 503 and is closed.
+    """
+
+    max_prompts_per_request: int = 1024
+    max_completions_per_request: int = 1024
+    tokenizer_threads: int = 2
+    timeout_keep_alive: float = 5.0
+    timeout_header_read: float = 10.0
+    max_connections: int = 2048
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value <= 0:
+                raise ServerConfigError(f"{f.name} must be positive, got {value}")
 
 
 @dataclass(slots=True)
@@ -28,6 +56,7 @@ class ServerConfig:
     api_key: str | None = None
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     drain_timeout: float = 30.0
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -15,10 +15,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from pagedserve.server.engine.errors import (
+from pagedserve.server.errors import (
     EngineDeadError,
     InvalidRequestError,
     QueueFullError,
+    RequestFailedError,
 )
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.headers = headers or {}
+        # Set when the connection's remaining bytes cannot be parsed (a broken body).
+        self.close_connection = False
 
     def body(self) -> dict[str, Any]:
         return {
@@ -60,12 +63,15 @@ class APIError(Exception):
         }
 
     def to_response(self) -> web.Response:
-        return web.Response(
+        response = web.Response(
             status=self.status,
             body=orjson.dumps(self.body()),
             content_type="application/json",
             headers=self.headers,
         )
+        if self.close_connection:
+            response.force_close()
+        return response
 
 
 def invalid_request(message: str, param: str | None = None) -> APIError:
@@ -82,13 +88,25 @@ def model_not_found(model: str) -> APIError:
     )
 
 
+# What a draining server tells clients to wait before retrying: by then another replica (or
+# this one, restarted) takes the request.
+DRAIN_RETRY_AFTER_S = 1
+
+
 def shutting_down() -> APIError:
-    return APIError(503, "The server is shutting down.", UNAVAILABLE, code="server_draining")
+    return APIError(503, "The server is shutting down.", UNAVAILABLE, code="server_draining",
+                    headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
 
 
 def engine_unavailable(detail: str) -> APIError:
     return APIError(503, f"The engine is not running: {detail}", UNAVAILABLE,
                     code="engine_dead")
+
+
+def body_too_large(size: int | None, limit: int) -> APIError:
+    sent = f"{size} bytes" if size is not None else "a body"
+    return APIError(413, f"Request body too large: {sent} sent, the limit is {limit} bytes.",
+                    INVALID_REQUEST, code="request_too_large")
 
 
 def from_exception(exc: BaseException, request: web.Request) -> APIError:
@@ -103,6 +121,9 @@ def from_exception(exc: BaseException, request: web.Request) -> APIError:
                         headers={"Retry-After": str(retry_after)})
     if isinstance(exc, EngineDeadError):
         return engine_unavailable(str(exc))
+    if isinstance(exc, RequestFailedError):  # this request only: the engine goes on
+        return APIError(500, "The server had an error while processing the output of this "
+                        "request, and ended it.", SERVER_ERROR, code="request_failed")
     if isinstance(exc, web.HTTPException):
         return _from_http_exception(exc, request)
     logger.exception("unhandled error in %s %s", request.method, request.path)
@@ -119,11 +140,7 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
         return APIError(405, message, INVALID_REQUEST, code="method_not_allowed",
                         headers=headers)
     if exc.status == 413:
-        limit = request.client_max_size
-        size = request.content_length
-        sent = f"{size} bytes" if size is not None else "a body"
-        message = f"Request body too large: {sent} sent, the limit is {limit} bytes."
-        return APIError(413, message, INVALID_REQUEST, code="request_too_large")
+        return body_too_large(request.content_length, request.client_max_size)
     error_type = INVALID_REQUEST if exc.status < 500 else SERVER_ERROR
     return APIError(exc.status, exc.reason, error_type, headers=headers)
 

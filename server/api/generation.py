@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.errors import RequestFailedError
+from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.async_engine import AsyncEngine
+    from pagedserve.server.engine.async_engine import AsyncEngine, RequestStream
 
 _Item = tuple[int, RequestOutput | BaseException]
 
@@ -29,7 +30,7 @@ class GenerationBatch:
         self._engine = engine
         self._active = active
         self._metrics = metrics
-        self._streams: list[AsyncIterable[RequestOutput]] = []
+        self._streams: list[RequestStream] = []
         self._unfinished: set[str] = set()
         self._last_token_time: list[float | None] = []
         self._params: list[SamplingParams] = []
@@ -55,6 +56,12 @@ class GenerationBatch:
         self._unfinished.add(request_id)
         self._last_token_time.append(None)
 
+    async def admitted(self) -> None:
+        """Returns once the engine has admitted every request; raises the first rejection.
+        A stream waits for this before its 200, so an invalid request gets its 400."""
+        for stream in self._streams:
+            await stream.admitted()
+
     def interrupt(self, error: BaseException) -> None:
         """Ends the batch from outside: its requests are aborted and the reader gets
         ``error``."""
@@ -72,6 +79,8 @@ class GenerationBatch:
             if isinstance(item, BaseException):
                 raise item
             self._observe(index, item)
+            if item.error is not None:
+                raise RequestFailedError(item.request_id, item.error)
             yield index, item
 
     async def final_outputs(self) -> list[RequestOutput]:

@@ -6,12 +6,15 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from pagedserve.client.load_hints import LoadHints
+from pagedserve.common.load_hints import LoadHints
 from pagedserve.server.api.jsonio import json_response
 from pagedserve.server.api.state import ENGINE_KEY
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import EngineStats
+
+
+_UNAUTHENTICATED = frozenset({401, 403})
 
 
 def _hints(stats: EngineStats) -> LoadHints:
@@ -25,9 +28,10 @@ def _hints(stats: EngineStats) -> LoadHints:
 
 
 async def add_load_hints(request: web.Request, response: web.StreamResponse) -> None:
-    """``on_response_prepare``: the engine's load as of this response."""
+    """``on_response_prepare``: the engine's load as of this response; none for a client
+    that has not authenticated."""
     engine = request.app.get(ENGINE_KEY)
-    if engine is not None:
+    if engine is not None and response.status not in _UNAUTHENTICATED:
         response.headers.update(_hints(engine.stats()).to_headers())
 
 

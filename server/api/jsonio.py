@@ -1,17 +1,56 @@
-"""JSON in and out with orjson."""
+"""JSON in and out with orjson; large bodies are decoded off the event loop."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 
 from pagedserve.server.api.errors import invalid_request
+from pagedserve.server.api.state import TOKENIZER_POOL_KEY
+
+# Bodies from this size on are decoded, parsed and tokenized in the tokenizer pool; below it
+# the thread hop costs more than the work.
+OFF_LOOP_BODY_BYTES = 64 * 1024
+
+T = TypeVar("T")
 
 
-async def read_json(request: web.Request) -> Any:
-    raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+async def off_loop(request: web.Request, size: int | None, work: Callable[[], T]) -> T:
+    """``work()`` inline when ``size`` (bytes of input) is small, else in the tokenizer pool,
+    so that /health and the streams in flight keep being served meanwhile."""
+    if size is not None and size < OFF_LOOP_BODY_BYTES:
+        return work()
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(request.app[TOKENIZER_POOL_KEY], work)
+
+
+async def read_request(request: web.Request, parse: Callable[[Any], T]) -> T:
+    """The body as JSON, checked by ``parse`` (a protocol parser)."""
+    raw = await _read_body(request)
+    return await off_loop(request, len(raw), lambda: parse(_loads(raw)))
+
+
+async def _read_body(request: web.Request) -> bytes:
+    try:
+        raw = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge → 413
+    except web.RequestPayloadError as exc:
+        # A body that does not decode as its Content-Encoding says (or broken chunked
+        # framing). Nothing after it on this connection can be parsed: the answer closes it,
+        # and the unreadable rest is not drained.
+        request.content.feed_eof()
+        encoding = request.headers.get("Content-Encoding")
+        what = f"as Content-Encoding {encoding!r}" if encoding else "(malformed framing)"
+        error = invalid_request(f"The request body could not be decoded {what}.")
+        error.close_connection = True
+        raise error from exc
+    return raw
+
+
+def _loads(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

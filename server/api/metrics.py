@@ -27,11 +27,11 @@ from prometheus_client.registry import Collector
 
 from pagedserve.server.api.admission import OPEN_PATHS
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine
-    from pagedserve.server.engine.metrics import StepStats
+    from pagedserve.server.engine.engine_stats import StepStats
 
 VLLM = "vllm:"
 OWN = "pagedserve:"

@@ -8,8 +8,8 @@ from typing import Any
 from pagedserve.server.api.protocol_completions import read_stream_options
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
-from pagedserve.server.engine.errors import InvalidRequestError
-from pagedserve.server.engine.sampling_params import MAX_LOGPROBS
+from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.sampling_params import MAX_LOGPROBS
 
 # OpenAI fields for tools, audio and structured output: a clear 400 rather than a silent
 # answer that ignores them.

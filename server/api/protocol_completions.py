@@ -7,7 +7,7 @@ from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, is_int, type_error
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 # A prompt is text or token ids; a request carries one or more of them.
 PromptInput = str | list[int]

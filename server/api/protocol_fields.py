@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 _MAX_SHOWN = 80
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, is_number, show, type_error
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 _FLOATS = (
     "temperature",

@@ -7,7 +7,7 @@ from typing import Any
 
 from pagedserve.server.api.protocol_chat import read_messages
 from pagedserve.server.api.protocol_fields import Fields, type_error
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from pagedserve.server.api.generation import GenerationBatch
-from pagedserve.server.api.jsonio import json_response, read_json
+from pagedserve.server.api.jsonio import json_response, read_request
 from pagedserve.server.api.logprobs import chat_logprobs
 from pagedserve.server.api.protocol_chat import ChatCompletionRequest, parse_chat_request
 from pagedserve.server.api.serving_common import (
@@ -23,7 +23,7 @@ from pagedserve.server.api.serving_common import (
 )
 from pagedserve.server.api.sse import stream_events
 from pagedserve.server.engine.outputs import PositionLogprobs
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -40,10 +40,9 @@ def encode_chat(serving: Serving, messages: list[Any],
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    req = parse_chat_request(await read_json(request))
+    req = await read_request(request, parse_chat_request)
     serving = Serving.of(request)
     serving.check_model(req.model)
-    text, token_ids = encode_chat(serving, req.messages, req.add_generation_prompt)
     params = sampling_params(
         req.sampling,
         max_tokens=req.max_tokens,
@@ -51,11 +50,19 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     )
     if req.stream:
         reject_unstreamable(params)
+
+    def encode_and_check() -> tuple[str, list[int]]:
+        text, token_ids = encode_chat(serving, req.messages, req.add_generation_prompt)
+        serving.engine.check_request(token_ids, params)  # off the loop for a large body
+        return text, token_ids
+
+    text, token_ids = await serving.tokenization(request, encode_and_check)
     request_id = new_request_id("chatcmpl")
     view = _ChatView(serving, req, params, request_id)
     async with serving.batch() as batch:
         batch.add(request_id, token_ids, params, text)
         if req.stream:
+            await batch.admitted()
             return await stream_events(request, view.stream(batch))
         (final,) = await batch.final_outputs()
     choices = [

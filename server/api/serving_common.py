@@ -4,20 +4,28 @@ outputs into per-choice deltas and usage."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import invalid_request, model_not_found
 from pagedserve.server.api.generation import GenerationBatch
-from pagedserve.server.api.state import BATCHES_KEY, ENGINE_KEY, METRICS_KEY, MODEL_NAMES_KEY
+from pagedserve.server.api.jsonio import off_loop
+from pagedserve.server.api.state import (
+    BATCHES_KEY,
+    CONFIG_KEY,
+    ENGINE_KEY,
+    METRICS_KEY,
+    MODEL_NAMES_KEY,
+)
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine
@@ -28,6 +36,7 @@ try:
 except importlib.metadata.PackageNotFoundError:  # running from a source tree
     VERSION = "0.0.0"
 SYSTEM_FINGERPRINT = f"fp_pagedserve_{VERSION}"
+T = TypeVar("T")
 
 
 def new_request_id(prefix: str) -> str:
@@ -65,6 +74,15 @@ class Serving:
             )
         return tokenizer
 
+    @property
+    def limits(self) -> ServerLimits:
+        return self.app[CONFIG_KEY].limits
+
+    async def tokenization(self, request: web.Request, work: Callable[[], T]) -> T:
+        """``work()`` (tokenizing the request's inputs): inline for a small body, in the
+        tokenizer pool for a large one, so the event loop keeps answering meanwhile."""
+        return await off_loop(request, request.content_length, work)
+
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY])
 
@@ -89,12 +107,6 @@ def sampling_params(sampling: dict[str, Any], max_tokens: int | None, logprobs: 
     lets the engine fill in what the context leaves after the prompt."""
     return SamplingParams(**sampling, max_tokens=max_tokens, logprobs=logprobs,
                           prompt_logprobs=prompt_logprobs)
-
-
-def params_for_prompt(params: SamplingParams) -> SamplingParams:
-    # The engine fills a missing max_tokens from the prompt's length, so each prompt of a
-    # batch needs its own copy.
-    return dataclasses.replace(params)
 
 
 def reject_unstreamable(params: SamplingParams) -> None:

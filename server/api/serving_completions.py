@@ -8,7 +8,8 @@ from typing import Any
 from aiohttp import web
 
 from pagedserve.server.api.generation import GenerationBatch
-from pagedserve.server.api.jsonio import json_response, read_json
+from pagedserve.server.api.jsonio import json_response, read_request
+from pagedserve.server.api.limits import check_prompts
 from pagedserve.server.api.logprobs import CompletionLogprobs, token_text
 from pagedserve.server.api.protocol_completions import (
     CompletionRequest,
@@ -21,14 +22,13 @@ from pagedserve.server.api.serving_common import (
     new_logprobs,
     new_request_id,
     now_seconds,
-    params_for_prompt,
     reject_unstreamable,
     sampling_params,
     usage,
 )
 from pagedserve.server.api.sse import stream_events
 from pagedserve.server.engine.outputs import Logprob, PositionLogprobs, RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 
 OBJECT = "text_completion"
@@ -49,23 +49,32 @@ class _Prompt:
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
-    req = parse_completion_request(await read_json(request))
+    req = await read_request(request, parse_completion_request)
     serving = Serving.of(request)
     serving.check_model(req.model)
-    prompts = [_Prompt(serving, p, need_text=req.echo) for p in req.prompts]
     params = _params(req)
+    check_prompts(serving.limits, len(req.prompts), params.best_of)
     if req.stream:
         reject_unstreamable(params)
+    prompts = await serving.tokenization(request, lambda: _prompts(serving, req, params))
     request_id = new_request_id("cmpl")
     view = _CompletionView(serving, req, params, prompts, request_id)
     async with serving.batch() as batch:
         for i, prompt in enumerate(prompts):
-            batch.add(f"{request_id}-{i}", prompt.token_ids, params_for_prompt(params),
+            batch.add(f"{request_id}-{i}", prompt.token_ids, params,
                       prompt.text)
         if req.stream:
+            await batch.admitted()
             return await stream_events(request, view.stream(batch))
         finals = await batch.final_outputs()
     return json_response(view.response(finals))
+
+
+def _prompts(serving: Serving, req: CompletionRequest, params: SamplingParams) -> list[_Prompt]:
+    prompts = [_Prompt(serving, p, need_text=req.echo) for p in req.prompts]
+    for prompt in prompts:  # here, off the event loop for a large body, not in batch.add
+        serving.engine.check_request(prompt.token_ids, params)
+    return prompts
 
 
 def _params(req: CompletionRequest) -> SamplingParams:

@@ -3,37 +3,45 @@ server would feed the engine, so clients can count before they send."""
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
-from pagedserve.server.api.jsonio import json_response, read_json
+from pagedserve.server.api.jsonio import json_response, read_request
 from pagedserve.server.api.protocol_tokenize import (
     parse_detokenize_request,
     parse_tokenize_request,
 )
 from pagedserve.server.api.serving_chat import encode_chat
 from pagedserve.server.api.serving_common import Serving
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 
 async def tokenize(request: web.Request) -> web.Response:
-    req = parse_tokenize_request(await read_json(request))
+    req = await read_request(request, parse_tokenize_request)
     serving = Serving.of(request)
     serving.check_model(req.model)
-    if req.messages is not None:
-        _, tokens = encode_chat(serving, req.messages, req.add_generation_prompt)
-    else:
-        tokens = serving.tokenizer.encode(req.prompt)
-    body = {"count": len(tokens), "tokens": tokens,
-            "max_model_len": serving.engine.max_model_len}
-    return json_response(body)
+    tokenizer, max_model_len = serving.tokenizer, serving.engine.max_model_len
+
+    def work() -> bytes:
+        # The answer's JSON too: for a large input it is a large list.
+        if req.messages is not None:
+            _, tokens = encode_chat(serving, req.messages, req.add_generation_prompt)
+        else:
+            tokens = tokenizer.encode(req.prompt)
+        return orjson.dumps({"count": len(tokens), "tokens": tokens,
+                             "max_model_len": max_model_len})
+
+    body = await serving.tokenization(request, work)
+    return web.Response(body=body, content_type="application/json")
 
 
 async def detokenize(request: web.Request) -> web.Response:
-    req = parse_detokenize_request(await read_json(request))
+    req = await read_request(request, parse_detokenize_request)
     serving = Serving.of(request)
     serving.check_model(req.model)
-    try:
-        prompt = serving.tokenizer.decode(req.tokens)
-    except InvalidRequestError as exc:
-        raise InvalidRequestError(exc.message, param="tokens") from exc
-    return json_response({"prompt": prompt})
+    vocab = serving.engine.vocab_size
+    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"token id {bad} is out of range for a vocabulary of {vocab}", param="tokens")
+    return json_response({"prompt": serving.tokenizer.decode(req.tokens)})

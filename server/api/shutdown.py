@@ -1,4 +1,5 @@
-"""Graceful shutdown: refuse new work, let what runs finish, then end the stragglers."""
+"""Graceful shutdown: refuse new work, let what runs finish, then end the stragglers; and
+the way out when the engine fails."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 from aiohttp import web
 
 from pagedserve.server.api.errors import shutting_down
-from pagedserve.server.api.state import ADMISSION_KEY, BATCHES_KEY
+from pagedserve.server.api.state import ADMISSION_KEY, BATCHES_KEY, ENGINE_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -33,3 +34,21 @@ async def drain(app: web.Application, timeout: float) -> bool:
         batch.interrupt(shutting_down())
     await admission.wait_idle(_ABORT_GRACE_S)
     return False
+
+
+async def wait_engine_failure(app: web.Application) -> BaseException:
+    """Returns what stopped the engine's step loop, once it has stopped on a failure."""
+    return await app[ENGINE_KEY].wait_failure()
+
+
+def engine_failure(app: web.Application) -> BaseException | None:
+    return app[ENGINE_KEY].failure if ENGINE_KEY in app else None
+
+
+async def settle_after_failure(app: web.Application, grace: float) -> bool:
+    """After the engine failed, gives the handlers in flight (whose requests already carry
+    the error, while new ones get 503 ``engine_dead``) up to ``grace`` seconds to send it.
+
+    Returns True when every handler finished within ``grace``.
+    """
+    return await app[ADMISSION_KEY].wait_idle(grace)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -24,3 +25,5 @@ STARTED_KEY = web.AppKey("started", int)
 ADMISSION_KEY = web.AppKey("admission", Admission)
 # Generations in flight, so that a shutdown past its drain timeout can end them.
 BATCHES_KEY: web.AppKey[set[GenerationBatch]] = web.AppKey("batches")
+# The threads that tokenize large inputs off the event loop.
+TOKENIZER_POOL_KEY = web.AppKey("tokenizer_pool", ThreadPoolExecutor)

@@ -3,6 +3,10 @@
 SIGTERM or SIGINT starts a graceful shutdown: new requests get 503 while those in flight
 run to completion for up to ``--drain-timeout`` seconds; the rest are then aborted (their
 clients get a 503 error) and the process exits 0.
+
+If the engine's step itself fails, the requests in flight get an error at once, /health
+turns 503, and the process exits with ``EXIT_ENGINE_FAILED`` within a few seconds, so that a
+supervisor (Docker's restart policy, Kubernetes) starts a fresh one.
 """
 
 from __future__ import annotations
@@ -18,22 +22,34 @@ from typing import Any
 
 from aiohttp import web
 
-from pagedserve.server.api.app import create_app, make_runner
+from pagedserve.server.api.app import create_app, make_runner, make_site
 from pagedserve.server.api.config import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ServerConfig,
     ServerConfigError,
 )
-from pagedserve.server.api.shutdown import drain
+from pagedserve.server.api.limits import add_limit_arguments, limits_from_args
+from pagedserve.server.api.shutdown import (
+    drain,
+    engine_failure,
+    settle_after_failure,
+    wait_engine_failure,
+)
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.cli.startup_log import startup_lines
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.engine.errors import PagedServeError
+from pagedserve.server.errors import PagedServeError
 
 logger = logging.getLogger("pagedserve.serve")
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
 DEFAULT_MODEL = EngineArgs().model
+
+# Exit statuses: a signal's clean shutdown 0; the engine or the socket could not start 1;
+# invalid settings 2; the engine failed while serving 3.
+EXIT_OK, EXIT_START_FAILED, EXIT_BAD_CONFIG, EXIT_ENGINE_FAILED = 0, 1, 2, 3
+# After an engine failure, how long handlers get to send their clients the error.
+_FAILURE_GRACE_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
+    add_limit_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -76,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
+        limits=limits_from_args(args),
     )
 
 
@@ -92,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_args(args)
     except ValueError as exc:  # ServerConfigError, or an engine argument out of range
         _fail(str(exc))
-        return 2
+        return EXIT_BAD_CONFIG
     return _run_event_loop(serve(config, access_log=not args.disable_access_log))
 
 
@@ -106,30 +124,47 @@ async def serve(config: ServerConfig, access_log: bool = True) -> int:
     except (ValueError, PagedServeError) as exc:
         return _fail(f"cannot start the engine: {exc}")
     try:
-        site = web.TCPSite(runner, config.host, config.port)
+        site = make_site(runner, config.host, config.port)
         try:
             await site.start()
         except OSError as exc:
             return _fail(f"cannot listen on {config.host}:{config.port}: {exc}")
         if stop.is_set():
-            return 0
+            return EXIT_OK
         urls = [f"http://{address[0]}:{address[1]}" for address in runner.addresses]
         for line in startup_lines(app[ENGINE_KEY].engine, config, urls):
             logger.info("%s", line)
         for url in urls:
             # A line on stdout that launchers (and tests, with --port 0) can wait for.
             print(f"pagedserve: serving on {url}", flush=True)
-        await stop.wait()
-        finished = await drain(app, config.drain_timeout)
-        logger.info("drained %s", "cleanly" if finished else "after aborting stragglers")
+        if await _stopped_or_failed(app, stop):
+            finished = await drain(app, config.drain_timeout)
+            logger.info("drained %s", "cleanly" if finished else "after aborting stragglers")
+        else:
+            await settle_after_failure(app, _FAILURE_GRACE_S)
     finally:
         await runner.cleanup()
-    return 0
+    failure = engine_failure(app)
+    if failure is not None:
+        logger.error("exiting with status %d: the engine failed (%r); a supervisor should "
+                     "restart the server", EXIT_ENGINE_FAILED, failure)
+        return EXIT_ENGINE_FAILED
+    return EXIT_OK
+
+
+async def _stopped_or_failed(app: web.Application, stop: asyncio.Event) -> bool:
+    """Waits for a signal (True) or an engine failure (False), whichever comes first."""
+    signalled = asyncio.ensure_future(stop.wait())
+    failed = asyncio.ensure_future(wait_engine_failure(app))
+    await asyncio.wait({signalled, failed}, return_when=asyncio.FIRST_COMPLETED)
+    signalled.cancel()
+    failed.cancel()
+    return engine_failure(app) is None
 
 
 def _fail(message: str) -> int:
     print(f"pagedserve serve: {message}", file=sys.stderr)
-    return 1
+    return EXIT_START_FAILED
 
 
 def _stop_on_signals() -> asyncio.Event:

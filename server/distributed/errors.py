@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedserve.server.engine.errors import EngineDeadError
+from pagedserve.server.errors import EngineDeadError
 
 
 class WorkerFailedError(EngineDeadError):

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from pagedserve.server.engine.model_runner import ModelInput, ModelRunner
+from pagedserve.server.engine.model_input import ModelInput
+from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.scheduler_output import BlockMapping, SchedulerOutput
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 

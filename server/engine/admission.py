@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pagedserve.server.engine.block_manager import BlockManager
 from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.engine.sequence import SequenceGroup
+from pagedserve.server.errors import InvalidRequestError
 
 
 def check_admissible(seq_group: SequenceGroup, config: SchedulerConfig,

@@ -9,22 +9,31 @@ GIL inside its ops, so the event loop keeps serving while the model computes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.engine.errors import EngineDeadError, QueueFullError
+from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.errors import EngineDeadError
+from pagedserve.server.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _IDLE_WAIT_S = 0.5
+# Fault injection for tests of the failure path, off unless set: the step with this 1-based
+# number raises instead of running, as a failed model forward would.
+FAIL_STEP_ENV = "PAGEDSERVE_FAIL_STEP"
+
+
+class InjectedStepFailure(RuntimeError):
+    """The failure ``PAGEDSERVE_FAIL_STEP`` asks for."""
 
 
 class RequestStream:
@@ -34,10 +43,26 @@ class RequestStream:
         self.request_id = request_id
         self._engine = engine
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self._admitted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.finished = False
 
     def put(self, item: RequestOutput | BaseException) -> None:
+        if isinstance(item, BaseException):
+            self.settle_admission(item)
         self._queue.put_nowait(item)
+
+    def settle_admission(self, error: BaseException | None = None) -> None:
+        if not self._admitted.done():
+            if error is None:
+                self._admitted.set_result(None)
+            else:
+                self._admitted.set_exception(error)
+                self._admitted.exception()  # retrieved: the queue reports it too
+
+    async def admitted(self) -> None:
+        """Returns once the loop thread has admitted the request; raises what rejected it
+        (the scheduler's limits are checked there), so a stream can still answer 400."""
+        await asyncio.shield(self._admitted)
 
     def __aiter__(self) -> AsyncIterator[RequestOutput]:
         return self._iterate()
@@ -67,6 +92,7 @@ class AsyncEngine:
         self.engine_args = engine.args
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.model_config.vocab_size
         self.model_name = engine.args.model
         self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._wakeup = threading.Event()
@@ -75,7 +101,10 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._failure: BaseException | None = None
+        self._failed: asyncio.Event | None = None
         self._stats = engine.stats()
+        self._num_steps = 0
+        self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> AsyncEngine:
@@ -85,6 +114,7 @@ class AsyncEngine:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._failed = asyncio.Event()
         self._thread = threading.Thread(target=self._run, name="pagedserve-engine", daemon=True)
         self._thread.start()
 
@@ -97,11 +127,31 @@ class AsyncEngine:
         self._fail_all(EngineDeadError("the engine has shut down"))
 
     @property
+    def failure(self) -> BaseException | None:
+        """What stopped the step loop, or None while it runs (or after a clean shutdown)."""
+        return self._failure
+
+    async def wait_failure(self) -> BaseException:
+        """Returns once the step loop has failed (never after a clean shutdown)."""
+        assert self._failed is not None, "start() first"
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
+
+    @property
     def is_healthy(self) -> bool:
         return (self._thread is not None and self._thread.is_alive() and self._failure is None
                 and not self._stopping)
 
     # -- requests -------------------------------------------------------------------------
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raises InvalidRequestError for a request the engine can never serve; changes
+        nothing and may run in any thread (the server checks large prompts off its loop)."""
+        if params.max_tokens is None:
+            params = dataclasses.replace(
+                params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
+        self.engine.check_request(prompt_token_ids, params)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
@@ -110,12 +160,8 @@ class AsyncEngine:
         returns the request's stream; the loop thread admits it before its next step."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
-        if params.max_tokens is None:
-            params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
         self.engine.check_request(prompt_token_ids, params)
-        limit = self.engine.scheduler_config.max_waiting_requests
-        if limit is not None and self.engine.scheduler.num_waiting + self._inbox.qsize() >= limit:
-            raise QueueFullError(f"the waiting queue is full ({limit} requests)")
+        self.engine.scheduler.check_queue_room(num_arriving=self._inbox.qsize())
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream
         self._inbox.put(("add", request_id, list(prompt_token_ids), params, prompt, cache_salt,
@@ -155,6 +201,7 @@ class AsyncEngine:
             logger.exception("engine loop failed")
             self._failure = exc
             self._fail_all(EngineDeadError(f"the engine loop failed: {exc!r}"))
+            self._loop.call_soon_threadsafe(self._failed.set)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -174,15 +221,22 @@ class AsyncEngine:
 
     def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,
                prompt: str | None, cache_salt: str | None, arrival: float) -> None:
-        if request_id not in self._streams:
+        stream = self._streams.get(request_id)
+        if stream is None:
             return  # aborted before admission
         try:
             self.engine.add_request(request_id, token_ids, params, prompt=prompt,
                                     arrival_time=arrival, cache_salt=cache_salt)
         except Exception as exc:  # rejected by the scheduler: the caller gets the error
             self._send(request_id, exc)
+            return
+        self._loop.call_soon_threadsafe(stream.settle_admission)
 
     def _step(self) -> None:
+        self._num_steps += 1
+        if self._num_steps == self._fail_step:
+            raise InjectedStepFailure(f"step {self._num_steps} failed on purpose "
+                                      f"({FAIL_STEP_ENV}={self._fail_step})")
         outputs = self.engine.step()
         self._stats = self.engine.stats()
         self._deliver(outputs)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
 
 _NEG_INF = -1.0e9
 
@@ -39,6 +39,16 @@ class BeamContinuation:
     parent: int
     token_id: int
     logprob: float
+
+
+@dataclass(slots=True)
+class BeamCandidates:
+    """The top (beam, token) pairs of one step: ``indices[k] = beam * vocab_size + token``,
+    ``values[k]`` their cumulative logprobs, best first."""
+
+    values: list[float]
+    indices: list[int]
+    vocab_size: int
 
 
 @dataclass(slots=True)
@@ -65,23 +75,30 @@ class BeamState:
             eos_token_ids=frozenset() if params.ignore_eos else eos_token_ids,
         )
 
-    def step(self, beam_tokens: list[list[int]], beam_scores: list[float],
-             logprobs: torch.Tensor) -> list[BeamContinuation]:
-        """Ranks this step's continuations; returns the next live beams (empty when done).
-
-        ``beam_tokens[i]`` are beam i's generated tokens so far, ``beam_scores[i]`` their
-        summed logprob, ``logprobs[i]`` its next-token log probabilities [vocab].
-        """
-        vocab = logprobs.shape[-1]
-        generated = len(beam_tokens[0]) + 1  # every live beam has the same length
+    def candidates(self, beam_scores: list[float], logprobs: torch.Tensor) -> BeamCandidates:
+        """This step's best (beam, token) continuations by cumulative logprob: enough that
+        ``width`` of them can go on after the ones that end. ``beam_scores[i]`` is beam i's
+        summed logprob, ``logprobs[i]`` its next-token log probabilities [vocab]."""
         scores = torch.tensor(beam_scores, dtype=torch.float32, device=logprobs.device)
         total = (logprobs.float() + scores[:, None]).flatten()
         keep = min(max(2, 1 + len(self.eos_token_ids)) * self.width, total.numel())
         values, indices = torch.topk(total, keep)
+        return BeamCandidates(values.tolist(), indices.tolist(), logprobs.shape[-1])
+
+    def step(self, beam_tokens: list[list[int]], beam_scores: list[float],
+             candidates: BeamCandidates) -> list[BeamContinuation]:
+        """Ranks this step's continuations; returns the next live beams (empty when done).
+
+        ``beam_tokens[i]`` are beam i's generated tokens so far, ``beam_scores[i]`` their
+        summed logprob, ``candidates`` what :meth:`candidates` found for these beams.
+        """
+        vocab = candidates.vocab_size
+        values = candidates.values
+        generated = len(beam_tokens[0]) + 1  # every live beam has the same length
         running: list[BeamContinuation] = []
         all_end = True
         ends_by_length = generated >= self.max_tokens
-        for rank, (value, index) in enumerate(zip(values.tolist(), indices.tolist())):
+        for rank, (value, index) in enumerate(zip(values, candidates.indices)):
             parent, token = divmod(index, vocab)
             ends = ends_by_length or token in self.eos_token_ids
             all_end = all_end and ends
@@ -91,7 +108,7 @@ class BeamState:
             elif rank < self.width:
                 reason = "stop" if token in self.eos_token_ids else "length"
                 self._offer(beam_tokens[parent] + [token], value, generated, reason)
-        best_running = values[0].item() if not running else _first_score(running, beam_scores)
+        best_running = values[0] if not running else _first_score(running, beam_scores)
         self._update_can_improve(best_running, generated)
         full = len(self.hypotheses) >= self.width
         self.done = all_end or not self.can_improve or (self.early_stopping and full)

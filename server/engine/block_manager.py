@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from pagedserve.server.engine.block_pool import BlockPool
 from pagedserve.server.engine.config import CacheConfig
-from pagedserve.server.engine.errors import BlockAllocationError
+from pagedserve.server.engine.integrity import check_block_integrity
 from pagedserve.server.engine.kv_allocation import (
     KVAllocationPolicy,
     PagedAllocation,
@@ -26,8 +26,9 @@ from pagedserve.server.engine.prefix_cache import (
     max_cache_hit_blocks,
     update_block_hashes,
 )
+from pagedserve.server.engine.scheduler_stats import KVCacheUsage, PoolUsage
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.engine.stats import KVCacheUsage, PoolUsage
+from pagedserve.server.errors import BlockAllocationError
 
 BlockMapping = list[tuple[int, int]]
 
@@ -322,60 +323,10 @@ class BlockManager:
 
     def check_integrity(self, device_seqs: Iterable[Sequence],
                         cpu_seqs: Iterable[Sequence] = ()) -> None:
-        """Raise AssertionError unless the pools agree exactly with these live block tables.
-
-        ``device_seqs`` must be every sequence holding device blocks and ``cpu_seqs`` every
-        one holding CPU blocks: then each ref count equals its block-table references, no
-        block is both free and referenced, and the free and cache counts add up.
-        """
-        for pool, seqs in ((self.device_pool, list(device_seqs)), (self.cpu_pool, list(cpu_seqs))):
-            for seq in seqs:
-                _check_seq(seq, self.block_size)
-            _check_pool(pool, Counter(b for seq in seqs for b in seq.block_table))
+        """Raise AssertionError unless the pools agree exactly with these live block tables
+        (see :func:`check_block_integrity`)."""
+        check_block_integrity(self, device_seqs, cpu_seqs)
 
 
 def _distinct_blocks(seqs: Iterable[Sequence]) -> set[int]:
     return {block_id for seq in seqs for block_id in seq.block_table}
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise AssertionError(message)
-
-
-def _check_seq(seq: Sequence, block_size: int) -> None:
-    table = seq.block_table
-    _require(len(set(table)) == len(table), f"sequence {seq.seq_id} repeats a block: {table}")
-    _require(0 <= seq.num_computed_tokens <= seq.num_tokens,
-             f"sequence {seq.seq_id} computed {seq.num_computed_tokens} of {seq.num_tokens}")
-    _require(seq.num_computed_tokens <= len(table) * block_size,
-             f"sequence {seq.seq_id} computed {seq.num_computed_tokens} tokens into "
-             f"{len(table)} blocks")
-
-
-def _check_pool(pool: BlockPool, refs: Counter[int]) -> None:
-    unknown = set(refs) - set(range(pool.num_blocks))
-    _require(not unknown, f"{pool.name} block tables hold unknown ids {sorted(unknown)}")
-    for block in pool.blocks:
-        expected = refs.get(block.block_id, 0)
-        _require(block.ref_cnt == expected, f"{pool.name} block {block.block_id} has ref_cnt "
-                 f"{block.ref_cnt}, block tables reference it {expected} times")
-        _require(block.in_free_queue == (expected == 0), f"{pool.name} block {block.block_id} "
-                 f"in_free_queue={block.in_free_queue} with {expected} references")
-        if block.block_hash is not None:
-            _require(pool.cached_blocks.get(block.block_hash) is block,
-                     f"{pool.name} block {block.block_id} has a hash the cache maps elsewhere")
-    queue = list(pool.free_queue)
-    _require(len(queue) == len(pool.free_queue) == pool.num_blocks - len(refs),
-             f"{pool.name} free queue holds {len(queue)} blocks, counts {len(pool.free_queue)}, "
-             f"{pool.num_blocks - len(refs)} are unreferenced")
-    cached = [block for block in pool.blocks if block.block_hash is not None]
-    _require(len(cached) == len(pool.cached_blocks),
-             f"{pool.name} cache maps {len(pool.cached_blocks)} hashes, {len(cached)} blocks")
-    cached_free = sum(1 for block in queue if block.block_hash is not None)
-    _require(cached_free == pool.num_cached_free_blocks,
-             f"{pool.name} counts {pool.num_cached_free_blocks} cached free blocks, "
-             f"the free queue holds {cached_free}")
-    first_cached = next((i for i, b in enumerate(queue) if b.block_hash is not None), len(queue))
-    _require(all(b.block_hash is not None for b in queue[first_cached:]),
-             f"{pool.name} free queue puts an uncached block behind a cached one")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pagedserve.server.engine.block import FreeBlockQueue, KVCacheBlock
-from pagedserve.server.engine.errors import BlockAllocationError
 from pagedserve.server.engine.prefix_cache import BlockHash
+from pagedserve.server.errors import BlockAllocationError
 
 
 class BlockPool:

@@ -10,14 +10,18 @@ the engine starts, or it refuses to start rather than fail later with an out-of-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from pagedserve.server.engine.config import GiB, SchedulerConfig
+from pagedserve.server.engine.config import CacheConfig, GiB, SchedulerConfig
 from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.models.attention import AttentionMetadata
+from pagedserve.server.engine.model_input import prepare_model_input
+from pagedserve.server.engine.scheduler import Scheduler
+from pagedserve.server.engine.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.sampling_params import SamplingParams
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,27 +87,31 @@ def profile_step(model: torch.nn.Module, model_config: ModelConfig,
     width = math.ceil(seq_len / block_size)
     cache = KVCache(model_config, block_size, width * len(lens), 0, model.dtype, device,
                     model.kernel_ops)
-    tables = [list(range(s * width, (s + 1) * width)) for s in range(len(lens))]
-    slots = [tables[s][p // block_size] * block_size + p % block_size
-             for s, n in enumerate(lens) for p in range(n)]
-    positions = [p for n in lens for p in range(n)]
-    starts = [0]
-    for n in lens:
-        starts.append(starts[-1] + n)
-    attn = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        block_tables=torch.tensor(tables, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        max_query_len=seq_len,
-        is_decode_only=seq_len == 1,
-    )
-    input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
-    hidden = model(input_ids, torch.tensor(positions, dtype=torch.int64, device=device), attn,
-                   cache.device_caches)
+    inp = prepare_model_input(_profile_batch(lens, scheduler_config, block_size,
+                                             cache.num_device_blocks), block_size, device)
+    hidden = model(inp.input_ids, inp.positions, inp.attn, cache.device_caches)
     rows = min(scheduler_config.max_num_seqs, num_tokens)
     logits = model.compute_logits(hidden[-rows:])
     if logits is not None:  # under tensor parallelism only rank 0 gets logits and samples
         # The sampler's heaviest tensors: probabilities and a sorted copy (top-p / top-k).
         torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
     return cache.num_device_blocks * cache.bytes_per_block
+
+
+def _profile_batch(lens: list[int], scheduler_config: SchedulerConfig, block_size: int,
+                   num_blocks: int) -> SchedulerOutput:
+    """The scheduler's first step over prompts of ``lens`` tokens: one sequence each, all of
+    them in one batch (the profile may batch more sequences than max_num_seqs)."""
+    config = replace(scheduler_config, max_num_seqs=max(len(lens), scheduler_config.max_num_seqs),
+                     max_waiting_requests=None)
+    scheduler = Scheduler(config, CacheConfig(block_size=block_size, watermark=0.0),
+                          num_blocks, 0)
+    for index, num_tokens in enumerate(lens):
+        seq = Sequence(scheduler.new_seq_id(), [0] * num_tokens, block_size)
+        scheduler.add_seq_group(SequenceGroup(f"profile-{index}", [seq],
+                                              SamplingParams(max_tokens=1), 0.0))
+    out = scheduler.schedule()
+    if out.num_batched_tokens != sum(lens):
+        raise RuntimeError(f"the profile batch holds {out.num_batched_tokens} tokens, "
+                           f"expected {sum(lens)}")
+    return out

@@ -1,12 +1,14 @@
 """The synchronous engine: add_request, abort_request, step.
 
-One step: schedule → run the model → sample → append tokens, detokenize, stop. The loop
-around it (offline ``LLM`` or the server's ``AsyncEngine``) decides when to call ``step``.
+One step: schedule → run the model → sample → the scheduler applies the tokens (append, fork,
+finish, free) → the output processor detokenizes, matches stop strings and builds the outputs
+→ the scheduler finishes what it reported. The loop around it (offline ``LLM`` or the
+server's ``AsyncEngine``) decides when to call ``step``; docs/internals.md draws who owns
+what.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -16,23 +18,25 @@ import torch
 
 from pagedserve.server.distributed.info import ParallelInfo
 from pagedserve.server.distributed.launcher import WorkerGroup
+from pagedserve.server.engine.beam_search import BeamState
 from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.metrics import EngineStats, StepStats
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.sampling_params import SamplingParams
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.token_sampling import SampledBatch, SamplingPlan, TokenSampler
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_layers import shard_config
 from pagedserve.server.models.tiny import resolve_model
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids
+from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -78,10 +82,9 @@ class LLMEngine:
         )
         self.runner = self.workers.wrap(ModelRunner(
             self.model, self.kv_cache, self.cache_config.block_size, self.device))
-        self.sampler = Sampler()
-        self.outputs = OutputProcessor(self.tokenizer, self.scheduler, self.max_model_len,
-                                       self.model_config.vocab_size, self._eos_token_id())
-        self._seq_ids = itertools.count()
+        # One sampler, seeded from --seed, so unseeded requests repeat on a fresh engine.
+        self.sampler = TokenSampler(Sampler(seed=args.seed), self.model_config.vocab_size)
+        self.outputs = OutputProcessor(self.tokenizer)
         self._observers: list[Callable[[StepStats], None]] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -153,8 +156,8 @@ class LLMEngine:
                     params: SamplingParams, prompt: str | None = None,
                     arrival_time: float | None = None, cache_salt: str | None = None) -> None:
         prompt_token_ids = list(prompt_token_ids)
-        if params.max_tokens is None:
-            params.max_tokens = max(1, self.max_model_len - len(prompt_token_ids))
+        if params.max_tokens is None:  # a copy: the caller's params stay as given
+            params = replace(params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
         self.check_request(prompt_token_ids, params)
         extra_eos = self._extra_eos_token_ids(params)
         if extra_eos:
@@ -163,19 +166,44 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
             cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
-        seq = Sequence(next(self._seq_ids), prompt_token_ids, self.cache_config.block_size)
-        group = SequenceGroup(request_id, [seq], params,
-                              arrival_time=arrival_time or time.monotonic(),
-                              cache_salt=cache_salt)
+        seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size,
+                       text=self.outputs.text_state(prompt_token_ids, params))
+        group = SequenceGroup(
+            request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
+            cache_salt=cache_salt, prompt=prompt, eos_token_id=self._eos_token_id(),
+            bad_words_token_ids=self.bad_words_token_ids(params),
+            beam=self._beam_state(params, len(prompt_token_ids)),
+        )
         self.scheduler.add_seq_group(group)
-        self.outputs.register(group, prompt)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Frees the request's blocks at once; returns its final output (None if unknown)."""
         group = self.scheduler.abort(request_id)
         if group is None:
             return None
-        return self.outputs.finish_aborted(group)
+        return self.outputs.final_output(group)
+
+    def _beam_state(self, params: SamplingParams, num_prompt_tokens: int) -> BeamState | None:
+        if not params.use_beam_search:
+            return None
+        eos = self._eos_token_id()
+        max_tokens = min(params.max_tokens, self.max_model_len - num_prompt_tokens)
+        return BeamState.from_params(params, frozenset() if eos is None else frozenset([eos]),
+                                     max_tokens)
+
+    def bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
+        """Each bad word as token ids, alone and after a space (as it appears mid-text)."""
+        if not params.bad_words:
+            return []
+        if self.tokenizer is None:
+            raise InvalidRequestError("bad_words needs a tokenizer", param="bad_words")
+        sequences = []
+        for word in params.bad_words:
+            for text in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        return sequences
 
     def _extra_eos_token_ids(self, params: SamplingParams) -> list[int]:
         if params.ignore_eos:
@@ -186,9 +214,6 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
-
-    def new_seq_id(self) -> int:
-        return next(self._seq_ids)
 
     def stats(self) -> EngineStats:
         return EngineStats.of(
@@ -206,32 +231,32 @@ class LLMEngine:
         self._observers.append(observer)
 
     def step(self) -> list[RequestOutput]:
+        """One step; raises only when the step itself fails (the forward pass, the scheduler's
+        state). A request whose post-processing raises ends alone, its output saying why."""
         start = time.perf_counter()
         out = self.scheduler.schedule()
-        if out.is_empty:
-            self.outputs.finish_ignored(out.ignored_seq_groups)
-            return self.outputs.collect()
-        hidden, starts = self.runner.execute(out)
-        self.scheduler.update_after_step(out)
-        plan = self.outputs.plan_sampling(out, starts)
-        rows = plan.logit_rows()
-        if rows:
-            logits = self.runner.compute_logits(hidden, rows)
-            self.outputs.apply(plan, logits, self.sampler, self.new_seq_id)
-        self.outputs.finish_ignored(out.ignored_seq_groups)
-        results = self.outputs.collect()
-        prompt_tokens = _prompt_tokens_computed(out)
-        self.prompt_tokens_total += prompt_tokens
-        self.generation_tokens_total += plan.num_sampled
-        if self._observers:
-            self._notify(out, prompt_tokens, plan.num_sampled, time.perf_counter() - start,
-                         results)
-        return results
+        sampled = SampledBatch()
+        if not out.is_empty:
+            hidden, starts = self.runner.execute(out)
+            plan = SamplingPlan.of(out, starts)
+            rows = plan.logit_rows()
+            logits = self.runner.compute_logits(hidden, rows) if rows else None
+            sampled = self.sampler.sample(plan, logits)
+        update = self.scheduler.update_from_output(out, sampled)
+        made = self.outputs.make(update)
+        self.scheduler.finish_stopped(made.stopped)
+        self.scheduler.finish_failed(made.failed)
+        self._record(out, sampled.num_tokens, time.perf_counter() - start, made.results)
+        return made.results
 
-    def _notify(self, out: SchedulerOutput, prompt_tokens: int, num_sampled: int,
-                duration: float, results: list[RequestOutput]) -> None:
+    def _record(self, out: SchedulerOutput, num_sampled: int, duration: float,
+                results: list[RequestOutput]) -> None:
+        self.prompt_tokens_total += out.num_prompt_tokens
+        self.generation_tokens_total += num_sampled
+        if not self._observers or out.is_empty:
+            return
         stats = StepStats(
-            num_prefill_tokens=prompt_tokens,
+            num_prefill_tokens=out.num_prompt_tokens,
             num_decode_tokens=num_sampled,
             duration_s=duration,
             num_preempted=len(out.preempted),
@@ -241,12 +266,3 @@ class LLMEngine:
         )
         for observer in self._observers:
             observer(stats)
-
-
-def _prompt_tokens_computed(out: SchedulerOutput) -> int:
-    """Prompt tokens the step computed (recomputed ones after a preemption included)."""
-    total = 0
-    for item in out.scheduled:
-        start = item.seq.num_computed_tokens - item.num_new_tokens  # already advanced
-        total += max(0, min(start + item.num_new_tokens, len(item.seq.prompt_token_ids)) - start)
-    return total

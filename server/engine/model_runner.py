@@ -1,4 +1,4 @@
-"""SchedulerOutput → model inputs → logits.
+"""SchedulerOutput → model inputs (``model_input.py``) → hidden states → logits.
 
 Everything a step needs is built here from the scheduler's plain data and passed to the model
 explicitly; nothing lives in module-level state.
@@ -6,22 +6,11 @@ explicitly; nothing lives in module-level state.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from pagedserve.server.engine.kv_cache import KVCache
+from pagedserve.server.engine.model_input import ModelInput, prepare_model_input
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.models.attention import AttentionMetadata
-
-
-@dataclass(slots=True)
-class ModelInput:
-    input_ids: torch.Tensor  # [T] long
-    positions: torch.Tensor  # [T] long
-    attn: AttentionMetadata
-    # For each scheduled sequence: the rows of the step's hidden states that belong to it.
-    query_start_loc: list[int]
 
 
 class ModelRunner:
@@ -35,43 +24,7 @@ class ModelRunner:
         self.device = device
 
     def prepare_input(self, out: SchedulerOutput) -> ModelInput:
-        block_size = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        seq_lens: list[int] = []
-        starts = [0]
-        tables: list[list[int]] = []
-        for item in out.scheduled:
-            seq = item.seq
-            start = seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            table = seq.block_table
-            input_ids.extend(seq.token_ids[start:end])
-            span = range(start, end)
-            positions.extend(span)
-            slots.extend(table[p // block_size] * block_size + p % block_size for p in span)
-            seq_lens.append(end)
-            starts.append(starts[-1] + item.num_new_tokens)
-            tables.append(table)
-        width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        query_lens = [item.num_new_tokens for item in out.scheduled]
-        dev = self.device
-        attn = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor(padded, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=dev),
-            max_query_len=max(query_lens),
-            is_decode_only=all(q == 1 for q in query_lens),
-        )
-        return ModelInput(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            attn=attn,
-            query_start_loc=starts,
-        )
+        return prepare_model_input(out, self.block_size, self.device)
 
     def run_block_ops(self, out: SchedulerOutput) -> None:
         # Order matters: swap-out reads blocks that a copy or swap-in may then overwrite.
@@ -87,6 +40,8 @@ class ModelRunner:
         """Runs the block ops and the forward pass; returns the hidden states of every packed
         token [T, hidden] and the query start offsets of the scheduled sequences."""
         self.run_block_ops(out)
+        if not out.scheduled:  # only block operations this step
+            return torch.empty(0, device=self.device), [0]
         inp = self.prepare_input(out)
         hidden = self.model(inp.input_ids, inp.positions, inp.attn, self.kv_cache.device_caches)
         return hidden, inp.query_start_loc

@@ -27,7 +27,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: list[PositionLogprobs] | None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that matched
 
     @property
@@ -61,7 +61,12 @@ class RequestMetrics:
 
 @dataclass(slots=True)
 class RequestOutput:
-    """A request's state after a step; ``finished`` is True exactly once, on the last one."""
+    """A request's state after a step; ``finished`` is True exactly once, on the last one.
+
+    ``metrics`` is a snapshot taken when the output was built. ``error`` is set (with every
+    output's ``finish_reason`` "error") when processing this request's output raised: the
+    engine ended this request alone and goes on.
+    """
 
     request_id: str
     prompt: str | None

@@ -14,45 +14,48 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.server.engine.outputs import Logprob, PositionLogprobs
-from pagedserve.server.engine.request_state import RequestState
 from pagedserve.server.engine.scheduler_output import ScheduledSequence
+from pagedserve.server.engine.sequence import SequenceGroup
 
 
 @dataclass(slots=True)
 class PromptChunk:
     """Rows of one step's hidden states whose logits predict prompt tokens."""
 
-    state: RequestState
+    group: SequenceGroup
     rows: list[int]
     targets: list[int]  # the prompt token each row predicts
 
     @classmethod
-    def of(cls, state: RequestState, item: ScheduledSequence, row_start: int
+    def of(cls, group: SequenceGroup, item: ScheduledSequence, row_start: int
            ) -> PromptChunk | None:
         prompt = item.seq.prompt_token_ids
-        done = len(state.prompt_logprobs)  # positions already reported (None at 0)
+        done = len(group.prompt_logprobs)  # positions already reported (None at 0)
         start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
         # Row for position p predicts token p + 1; report positions done..len(prompt)-1.
         positions = range(max(start, done - 1), min(end, len(prompt) - 1))
         if not positions:
             return None
-        return cls(state, [row_start + p - start for p in positions],
+        return cls(group, [row_start + p - start for p in positions],
                    [prompt[p + 1] for p in positions])
 
 
-def prompt_logprobs(chunks: list[PromptChunk], logits: torch.Tensor) -> None:
-    """Appends each chunk's positions to its request's ``prompt_logprobs``; ``logits`` holds
-    the chunks' rows in order."""
+def prompt_logprobs(chunks: list[PromptChunk], logits: torch.Tensor
+                    ) -> list[tuple[SequenceGroup, list[PositionLogprobs]]]:
+    """Each chunk's request and the logprobs of its positions, in order; ``logits`` holds the
+    chunks' rows in order."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor([t for c in chunks for t in c.targets], device=logits.device)
     chosen = logprobs.gather(1, targets[:, None])
     ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
     chosen = chosen.squeeze(1).tolist()
-    k = max(c.state.group.sampling_params.prompt_logprobs for c in chunks)
+    k = max(c.group.sampling_params.prompt_logprobs for c in chunks)
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
     row = 0
+    result = []
     for chunk in chunks:
-        want = chunk.state.group.sampling_params.prompt_logprobs
+        want = chunk.group.sampling_params.prompt_logprobs
+        positions = []
         for target in chunk.targets:
             position: PositionLogprobs = {target: Logprob(chosen[row], ranks[row])}
             if want:
@@ -60,5 +63,7 @@ def prompt_logprobs(chunks: list[PromptChunk], logits: torch.Tensor) -> None:
                 values = top_values[row, :want].tolist()
                 for rank, (tid, value) in enumerate(zip(ids, values), start=1):
                     position.setdefault(tid, Logprob(value, rank))
-            chunk.state.prompt_logprobs.append(position)
+            positions.append(position)
             row += 1
+        result.append((chunk.group, positions))
+    return result

@@ -10,23 +10,23 @@ from collections.abc import Callable
 from pagedserve.server.engine.admission import check_admissible
 from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.errors import (
-    BlockAllocationError,
+from pagedserve.server.engine.integrity import check_scheduler_integrity
+from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from pagedserve.server.engine.scheduler_stats import PreemptionStats, SchedulerStats, TokenOccupancy
+from pagedserve.server.engine.scheduler_updates import SchedulerUpdates
+from pagedserve.server.engine.scheduling_budget import SchedulingBudget
+from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.errors import (
     InvalidRequestError,
     QueueFullError,
 )
-from pagedserve.server.engine.integrity import check_scheduler_integrity
-from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.engine.stats import PreemptionStats, SchedulerStats, TokenOccupancy
-from pagedserve.server.engine.token_budget import TokenBudget
 
 RUNNING = SequenceStatus.RUNNING
 SWAPPED = SequenceStatus.SWAPPED
 WAITING = SequenceStatus.WAITING
 
 
-class Scheduler:
+class Scheduler(SchedulerUpdates):
     """Decides, step by step, which sequences compute how many tokens.
 
     Each step serves the running requests first (oldest first; when blocks run out the
@@ -36,7 +36,8 @@ class Scheduler:
     in arrival order, so a request preempted by recomputation goes back ahead of newer ones.
 
     Sequence ids must be unique among live sequences; :meth:`new_seq_id` hands out ids that
-    are, and :meth:`fork_seq` uses it.
+    are, and :meth:`fork_seq` uses it. Applying a step's results (appending tokens, forks,
+    finishing) is the other half of the class, in ``scheduler_updates.py``.
     """
 
     def __init__(
@@ -76,11 +77,7 @@ class Scheduler:
     def add_seq_group(self, seq_group: SequenceGroup) -> None:
         """Queue a request, or raise if it can never run or the queue is full."""
         self._validate(seq_group)
-        limit = self.config.max_waiting_requests
-        if limit is not None and len(self.waiting) >= limit:
-            raise QueueFullError(
-                f"the waiting queue is full ({len(self.waiting)} requests, "
-                f"max_waiting_requests={limit}); retry later")
+        self.check_queue_room()
         request_id = seq_group.request_id
         self._groups[request_id] = seq_group
         self._arrival_order[request_id] = next(self._arrivals)
@@ -88,6 +85,16 @@ class Scheduler:
             self._seq_groups[seq.seq_id] = seq_group
             self._next_seq_id = max(self._next_seq_id, seq.seq_id + 1)
         self.waiting.append(seq_group)
+
+    def check_queue_room(self, num_arriving: int = 0) -> None:
+        """Raise QueueFullError unless one more request fits the waiting queue, counting
+        ``num_arriving`` requests on their way in (accepted but not yet added)."""
+        limit = self.config.max_waiting_requests
+        num_waiting = len(self.waiting) + num_arriving
+        if limit is not None and num_waiting >= limit:
+            raise QueueFullError(
+                f"the waiting queue is full ({num_waiting} requests, "
+                f"max_waiting_requests={limit}); retry later")
 
     def _validate(self, seq_group: SequenceGroup) -> None:
         if seq_group.request_id in self._groups:
@@ -99,79 +106,6 @@ class Scheduler:
             if seq.seq_id in self._seq_groups:
                 raise ValueError(f"sequence id {seq.seq_id} is already in use")
         check_admissible(seq_group, self.config, self.block_manager)
-
-    def abort(self, request_id: str) -> SequenceGroup | None:
-        """Finish the request as aborted wherever it is and free its blocks at once.
-
-        Returns the aborted request, or None when no such request is live (it finished
-        already or never came).
-        """
-        seq_group = self._groups.get(request_id)
-        if seq_group is None:
-            return None
-        for seq in seq_group.get_unfinished_seqs():
-            self._finish(seq, SequenceStatus.FINISHED_ABORTED)
-        self._retire(seq_group)
-        return seq_group
-
-    def finish_seq(self, seq: Sequence, status: SequenceStatus) -> None:
-        """Finish one sequence (stop string, EOS, length) and free its blocks."""
-        if not status.is_finished:
-            raise ValueError(f"status must be a finished status, got {status.name}")
-        seq_group = self._group_of(seq)
-        if seq.status.is_finished:
-            raise ValueError(f"sequence {seq.seq_id} is already {seq.status.name}")
-        self._finish(seq, status)
-        if seq_group.is_finished():
-            self._retire(seq_group)
-
-    def fork_seq(self, parent_seq: Sequence, seq_group: SequenceGroup,
-                 new_seq_id: int | None = None) -> Sequence:
-        """A new running sequence in ``seq_group`` continuing ``parent_seq``'s tokens.
-
-        Blocks are shared copy-on-write; a policy that cannot share copies them, preempting
-        the latest other arrivals if it must (reported by the next step; a sequence preempted
-        after sampling still takes its sampled token). ``new_seq_id`` defaults to
-        :meth:`new_seq_id`.
-        """
-        if self._group_of(parent_seq) is not seq_group or parent_seq.status is not RUNNING:
-            raise ValueError(f"sequence {parent_seq.seq_id} is not running in request "
-                             f"{seq_group.request_id!r}")
-        seq_id = self.new_seq_id() if new_seq_id is None else new_seq_id
-        if seq_id in self._seq_groups:
-            raise ValueError(f"sequence id {seq_id} is already in use")
-        self._next_seq_id = max(self._next_seq_id, seq_id + 1)
-        while not self.block_manager.can_fork(parent_seq):
-            victims = [group for group in self.running if group is not seq_group]
-            if not victims:
-                raise BlockAllocationError(
-                    f"no device blocks left to fork sequence {parent_seq.seq_id}")
-            self._preempt(victims[-1], self._pending)
-        child = parent_seq.fork(seq_id)
-        self._pending.blocks_to_copy.extend(self.block_manager.fork(parent_seq, child))
-        seq_group.add(child)
-        self._seq_groups[child.seq_id] = seq_group
-        return child
-
-    def free_seq(self, seq: Sequence) -> None:
-        """Drop a sequence from its request (a beam that fell out) and free its blocks."""
-        seq_group = self._group_of(seq)
-        self.block_manager.free(seq)
-        seq_group.remove(seq.seq_id)
-        del self._seq_groups[seq.seq_id]
-        if seq_group.is_finished():
-            self._retire(seq_group)
-
-    def _group_of(self, seq: Sequence) -> SequenceGroup:
-        seq_group = self._seq_groups.get(seq.seq_id)
-        if seq_group is None or all(other is not seq for other in seq_group.seqs):
-            raise ValueError(f"sequence {seq.seq_id} is not live in this scheduler")
-        return seq_group
-
-    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
-        self.block_manager.free(seq)  # before the status change: it tells device from CPU
-        seq.status = status
-        seq.finish_reason = status.finish_reason
 
     def _retire(self, seq_group: SequenceGroup, report: SchedulerOutput | None = None) -> None:
         """Forget a finished request; ``report`` (default: the next step's output) lists it."""
@@ -189,9 +123,9 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """The next step: which sequences compute how many tokens, and the block operations
-        to do first. The caller runs it, then calls :meth:`update_after_step`."""
+        to do first. The caller runs it, then calls :meth:`update_from_output`."""
         output, self._pending = self._pending, SchedulerOutput()
-        budget = TokenBudget(self.config.max_num_batched_tokens)
+        budget = SchedulingBudget(self.config.max_num_batched_tokens)
         self._schedule_running(output, budget)
         if not output.preempted:
             self._schedule_swapped(output, budget)
@@ -199,19 +133,7 @@ class Scheduler:
             self._schedule_waiting(output, budget)
         return output
 
-    def update_after_step(self, output: SchedulerOutput) -> None:
-        """Advance each scheduled sequence by the tokens the step computed, and offer newly
-        full blocks to the prefix cache. Call before appending the sampled tokens."""
-        for item in output.scheduled:
-            seq = item.seq
-            if seq.status is not RUNNING:
-                continue  # finished or aborted while the step ran
-            if seq.num_computed_tokens != item.num_computed_tokens:
-                raise RuntimeError(f"sequence {seq.seq_id} was already advanced past this step")
-            seq.num_computed_tokens += item.num_new_tokens
-            self.block_manager.cache_computed_blocks(seq, item.seq_group.cache_salt)
-
-    def _schedule_running(self, output: SchedulerOutput, budget: TokenBudget) -> None:
+    def _schedule_running(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
         index = 0
         while index < len(self.running):
             seq_group = self.running[index]
@@ -231,8 +153,8 @@ class Scheduler:
                 return False
         return True
 
-    def _schedule_swapped(self, output: SchedulerOutput, budget: TokenBudget) -> None:
-        num_seqs = self._num_running_seqs()
+    def _schedule_swapped(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        num_seqs = self.num_running_seqs()
         while self.swapped:
             seq_group = self.swapped[0]
             width = seq_group.max_num_running_seqs()
@@ -251,8 +173,8 @@ class Scheduler:
             self._schedule_group(seq_group, budget.plan(seq_group) or [], output, budget)
             num_seqs += width
 
-    def _schedule_waiting(self, output: SchedulerOutput, budget: TokenBudget) -> None:
-        num_seqs = self._num_running_seqs()
+    def _schedule_waiting(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        num_seqs = self.num_running_seqs()
         while self.waiting:
             seq_group = self.waiting[0]
             width = seq_group.max_num_running_seqs()
@@ -271,7 +193,7 @@ class Scheduler:
             num_seqs += width
 
     def _schedule_group(self, seq_group: SequenceGroup, plan: list[tuple[Sequence, int]],
-                        output: SchedulerOutput, budget: TokenBudget) -> None:
+                        output: SchedulerOutput, budget: SchedulingBudget) -> None:
         for seq, num_new_tokens in plan:
             output.blocks_to_copy.extend(self.block_manager.append_slots(seq, num_new_tokens))
             output.scheduled.append(ScheduledSequence.of(seq, seq_group, num_new_tokens))
@@ -351,8 +273,17 @@ class Scheduler:
     def get_seq_group(self, request_id: str) -> SequenceGroup | None:
         return self._groups.get(request_id)
 
-    def _num_running_seqs(self) -> int:
+    def num_running_seqs(self) -> int:
+        """Sequences the running requests may run at once (forks still to come count)."""
         return sum(group.max_num_running_seqs() for group in self.running)
+
+    def live_request_ids(self) -> list[str]:
+        """Every request the scheduler holds, in any queue."""
+        return list(self._groups)
+
+    def arrival_index(self, request_id: str) -> int:
+        """The request's place in arrival order (the queues keep this order)."""
+        return self._arrival_order[request_id]
 
     def stats(self, with_occupancy: bool = True) -> SchedulerStats:
         """A snapshot of queues, KV usage and counters. ``with_occupancy`` adds the token

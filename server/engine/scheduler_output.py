@@ -1,9 +1,11 @@
-"""What one scheduling step hands to the model runner."""
+"""What one scheduling step hands to the model runner, and what applying its sampled tokens
+changed (``StepUpdate``, for the output processor)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedserve.server.engine.outputs import PositionLogprobs
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 
 BlockMapping = list[tuple[int, int]]
@@ -14,8 +16,8 @@ class ScheduledSequence:
     """One sequence in the step: compute its tokens ``[num_computed_tokens, seq_len)``.
 
     ``num_computed_tokens`` and ``num_tokens`` are taken when the step is scheduled, so the
-    properties stay valid after the scheduler advances the sequence and the engine appends
-    the sampled token.
+    properties (and the inputs packed from them) stay valid after ``update_from_output``
+    advances the sequence and appends its sampled token.
     """
 
     seq: Sequence
@@ -40,18 +42,10 @@ class ScheduledSequence:
         return self.num_computed_tokens + self.num_new_tokens
 
     @property
-    def positions(self) -> range:
-        return range(self.num_computed_tokens, self.seq_len)
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.seq.token_ids[self.num_computed_tokens:self.seq_len]
-
-    def slot_mapping(self) -> list[int]:
-        """Cache slot (``block_id * block_size + offset``) of each token computed this step."""
-        table = self.seq.block_table
-        size = self.seq.block_size
-        return [table[pos // size] * size + pos % size for pos in self.positions]
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens this step computes (recomputed ones after a preemption included)."""
+        num_prompt = len(self.seq.prompt_token_ids)
+        return max(0, min(self.seq_len, num_prompt) - self.num_computed_tokens)
 
 
 @dataclass(slots=True)
@@ -84,6 +78,10 @@ class SchedulerOutput:
         return len(self.scheduled)
 
     @property
+    def num_prompt_tokens(self) -> int:
+        return sum(item.num_prompt_tokens for item in self.scheduled)
+
+    @property
     def scheduled_seq_groups(self) -> list[SequenceGroup]:
         """The groups with a sequence in the step, in batch order, each once."""
         groups: dict[str, SequenceGroup] = {}
@@ -99,3 +97,17 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         """Nothing for the runner: no sequence to compute and no block to move or copy."""
         return not self.scheduled and not self.has_block_ops
+
+
+@dataclass(slots=True)
+class StepUpdate:
+    """What ``Scheduler.update_from_output`` changed: the requests with new tokens (or that
+    finished without running), in order and each once, and the logprobs each new token
+    reports (``logprobs[i]`` belongs to ``logprob_seqs[i]``'s newest tokens, in order)."""
+
+    groups: dict[str, SequenceGroup] = field(default_factory=dict)
+    logprob_seqs: list[Sequence] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
+
+    def touch(self, group: SequenceGroup) -> None:
+        self.groups.setdefault(group.request_id, group)

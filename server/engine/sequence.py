@@ -5,10 +5,15 @@ from __future__ import annotations
 import copy
 import enum
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from pagedserve.server.engine.outputs import RequestMetrics
+from pagedserve.server.engine.outputs import PositionLogprobs, RequestMetrics
 from pagedserve.server.engine.prefix_cache import BlockHash
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from pagedserve.server.engine.beam_search import BeamState
+    from pagedserve.server.engine.text_state import TextState
 
 
 class SequenceStatus(enum.Enum):
@@ -20,6 +25,8 @@ class SequenceStatus(enum.Enum):
     FINISHED_ABORTED = "finished_aborted"
     # Could never fit the device pool (it outgrew it while preempted); reported as "length".
     FINISHED_IGNORED = "finished_ignored"
+    # Post-processing this request raised: it ends alone, the engine goes on.
+    FINISHED_ERROR = "finished_error"
 
     @property
     def is_finished(self) -> bool:
@@ -36,6 +43,7 @@ _FINISH_REASONS = {
     SequenceStatus.FINISHED_LENGTH: "length",
     SequenceStatus.FINISHED_ABORTED: "abort",
     SequenceStatus.FINISHED_IGNORED: "length",
+    SequenceStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -47,16 +55,24 @@ class Sequence:
     ``num_computed_tokens`` tokens have their KV in the cache; the scheduler brings it up to
     ``num_tokens`` over one or more steps. ``block_hashes`` holds the prefix-cache hash of each
     full block of ``token_ids`` (filled only when prefix caching is on).
+
+    ``sample_index`` is the sample's place among the request's ``best_of`` samples (its seed
+    offset and output index). ``text`` is the output side's record of the sequence's text
+    (detokenizer, stop strings, per-token logprobs); only the output processor writes it, and
+    a fork copies it.
     """
 
     __slots__ = (
         "block_hashes", "block_size", "block_table", "cumulative_logprob", "finish_reason",
-        "num_cached_tokens", "num_computed_tokens", "num_registered_blocks", "output_text",
-        "output_token_ids", "prompt_token_ids", "seq_id", "status", "stop_reason", "token_ids",
+        "num_cached_tokens", "num_computed_tokens", "num_registered_blocks",
+        "output_token_ids", "prompt_token_ids", "sample_index", "seq_id", "status",
+        "stop_reason", "text", "token_ids",
     )
 
-    def __init__(self, seq_id: int, prompt_token_ids: Iterable[int], block_size: int) -> None:
+    def __init__(self, seq_id: int, prompt_token_ids: Iterable[int], block_size: int,
+                 text: TextState | None = None) -> None:
         self.seq_id = seq_id
+        self.sample_index = 0
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         self.token_ids: list[int] = list(self.prompt_token_ids)
@@ -67,12 +83,11 @@ class Sequence:
         self.block_hashes: list[BlockHash] = []
         # How many leading blocks of block_table were offered to the prefix cache.
         self.num_registered_blocks = 0
-        # Per-token logprobs and detokenizer state live with the engine's per-request state.
         self.cumulative_logprob = 0.0
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
-        self.output_text = ""
+        self.text = text
 
     def __repr__(self) -> str:
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
@@ -108,10 +123,13 @@ class Sequence:
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
 
-    def fork(self, new_seq_id: int) -> Sequence:
+    def fork(self, new_seq_id: int, sample_index: int | None = None) -> Sequence:
         """A copy under a new id with the same block table; the caller fixes ref counts."""
         child = copy.copy(self)
         child.seq_id = new_seq_id
+        if sample_index is not None:
+            child.sample_index = sample_index
+        child.text = None if self.text is None else self.text.fork()
         child.prompt_token_ids = self.prompt_token_ids  # never mutated: safe to share
         child.output_token_ids = list(self.output_token_ids)
         child.token_ids = list(self.token_ids)
@@ -133,10 +151,13 @@ class SequenceGroup:
 
     A request starts with one sequence; parallel sampling and beam search fork more after the
     prompt is computed, so their prompt blocks are shared. ``cache_salt`` separates prefix-cache
-    entries of tenants that must not see each other's hits.
+    entries of tenants that must not see each other's hits. The group is the one home of the
+    request's state: its prompt text, its stop token, its beam search, its prompt logprobs and
+    its timing record (``metrics``); the scheduler changes them.
     """
 
-    __slots__ = ("cache_salt", "metrics", "request_id", "sampling_params", "seqs")
+    __slots__ = ("bad_words_token_ids", "beam", "cache_salt", "eos_token_id", "metrics",
+                 "prompt", "prompt_logprobs", "request_id", "sampling_params", "seqs")
 
     def __init__(
         self,
@@ -145,6 +166,11 @@ class SequenceGroup:
         sampling_params: SamplingParams,
         arrival_time: float,
         cache_salt: str | None = None,
+        *,
+        prompt: str | None = None,
+        eos_token_id: int | None = None,
+        bad_words_token_ids: list[list[int]] | None = None,
+        beam: BeamState | None = None,
     ) -> None:
         self.request_id = request_id
         self.seqs: list[Sequence] = list(seqs)
@@ -153,6 +179,13 @@ class SequenceGroup:
         self.sampling_params = sampling_params
         self.cache_salt = cache_salt
         self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.prompt = prompt
+        self.eos_token_id = eos_token_id
+        self.bad_words_token_ids = bad_words_token_ids or []
+        self.beam = beam
+        # Position 0 has no logprob: nothing predicts the first token.
+        self.prompt_logprobs: list[PositionLogprobs | None] | None = (
+            None if sampling_params.prompt_logprobs is None else [None])
 
     def __repr__(self) -> str:
         return f"SequenceGroup(request_id={self.request_id!r}, seqs={self.seqs})"

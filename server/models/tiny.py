@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from pagedserve.client.encoding import load_encoding
+from pagedserve.common.encoding import load_encoding
 from pagedserve.server.models.errors import ModelLoadError
 
 TINY_NAME = "tiny"

@@ -2,7 +2,7 @@
 
 from pagedserve.server.sampling.metadata import SamplingMetadata, SamplingRow
 from pagedserve.server.sampling.sampler import Sampler, SamplerOutput
-from pagedserve.server.sampling.stopping import FinishReason, check_stop_token
+from pagedserve.server.sampling.stop_conditions import FinishReason, StopChecker, check_stop_token
 from pagedserve.server.sampling.validation import validate_token_ids
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "SamplerOutput",
     "SamplingMetadata",
     "SamplingRow",
+    "StopChecker",
     "check_stop_token",
     "validate_token_ids",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer.chat_template import render_chat_template
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
 
@@ -23,8 +23,9 @@ class Tokenizer(ABC):
 
     Attributes:
         name: a short label (the checkpoint directory's name, or the tiktoken encoding).
-        vocab_size: one more than the largest id the tokenizer can decode; an id below it may
-            still be unassigned (tiktoken encodings have gaps).
+        vocab_size: one more than the largest id the tokenizer has text for; an id below it
+            may still be unassigned (tiktoken encodings have gaps). The model's vocabulary
+            may be larger.
         bos_token_id / eos_token_id: the beginning- and end-of-sequence ids, or None.
         all_special_ids: the ids ``decode(..., skip_special_tokens=True)`` leaves out.
         special_tokens_map: the named special tokens as text (``bos_token``, ``eos_token``,
@@ -49,16 +50,17 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """The text of ``token_ids``; invalid UTF-8 becomes U+FFFD.
+        """The text of ``token_ids``; invalid UTF-8 becomes U+FFFD, an id without text "".
 
-        Raises InvalidRequestError for an id that is not in the vocabulary.
+        Raises InvalidRequestError for a negative id.
         """
 
     @abstractmethod
     def token_bytes(self, token_id: int) -> bytes:
-        """The bytes ``token_id`` contributes to a decoded text (possibly part of a character).
+        """The bytes ``token_id`` contributes to a decoded text (possibly part of a character);
+        b"" for an id the tokenizer has no token for.
 
-        Raises InvalidRequestError for an id that is not in the vocabulary.
+        Raises InvalidRequestError for a negative id.
         """
 
     def apply_chat_template(
@@ -76,10 +78,7 @@ class Tokenizer(ABC):
             special_tokens=self.special_tokens_map,
         )
 
-    def unknown_token_error(self, token_id: int) -> InvalidRequestError:
-        """The error for an id this tokenizer cannot decode."""
-        return InvalidRequestError(
-            f"token id {token_id} is not in the vocabulary of tokenizer {self.name!r} "
-            f"(vocab_size {self.vocab_size})",
-            param="token_ids",
-        )
+    def negative_token_error(self, token_id: int) -> InvalidRequestError:
+        """The error for an id no vocabulary has."""
+        return InvalidRequestError(f"token ids must be non-negative, got {token_id}",
+                                   param="token_ids")

@@ -37,7 +37,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
 
 DEFAULT_CHAT_TEMPLATE = (
@@ -105,7 +105,7 @@ def _validate_message(i: int, message: object) -> dict[str, Any]:
     if "role" not in checked:
         _fail(f"messages[{i}] is missing 'role'")
     role = checked["role"]
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:
         _fail(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
     if "content" in checked:
         checked["content"] = _content_text(i, checked["content"])

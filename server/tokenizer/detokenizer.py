@@ -45,10 +45,9 @@ class IncrementalDetokenizer:
         )
 
     def add_tokens(self, new_token_ids: Iterable[int]) -> str:
-        """The text completed by ``new_token_ids``: whole characters only.
-
-        Raises InvalidRequestError for an id outside the vocabulary.
-        """
+        """The text completed by ``new_token_ids``: whole characters only. An id the
+        tokenizer has no text for adds nothing, and a character in progress carries on
+        across it, as ``decode`` joins the bytes around it."""
         token_bytes = self._tokenizer.token_bytes
         data = b"".join(token_bytes(t) for t in new_token_ids if t not in self._skipped)
         if self._strip_space and data:

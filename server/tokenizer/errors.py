@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedserve.server.engine.errors import PagedServeError
+from pagedserve.server.errors import PagedServeError
 
 
 class TokenizerLoadError(PagedServeError):

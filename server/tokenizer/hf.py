@@ -67,17 +67,22 @@ class HFTokenizer(Tokenizer):
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         ids = list(token_ids)
         for token_id in ids:
-            if not 0 <= token_id < self.vocab_size:
-                raise self.unknown_token_error(token_id)
+            if token_id < 0:
+                raise self.negative_token_error(token_id)
+        # ``tokenizers`` leaves out ids it has no token for, as transformers does; ids past
+        # its 32-bit range have none either.
+        ids = [i for i in ids if i < 2**32]
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_bytes(self, token_id: int) -> bytes:
         cached = self._token_bytes.get(token_id)
         if cached is not None:
             return cached
-        token = self._backend.id_to_token(token_id) if token_id >= 0 else None
+        if token_id < 0:
+            raise self.negative_token_error(token_id)
+        token = self._backend.id_to_token(token_id) if token_id < 2**32 else None
         if token is None:
-            raise self.unknown_token_error(token_id)
+            return b""  # a row of the model's embedding the tokenizer has no token for
         data = self._token_bytes[token_id] = self._byte_decoder(token)
         return data
 

@@ -2,7 +2,7 @@
 
 ``tiktoken.json`` holds ``{"encoding": "cl100k_base", "eos_token": "<|endoftext|>"}`` and may
 add ``bos_token`` (prepended when encoding with special tokens) and ``chat_template``. The
-encoding loads offline through ``pagedserve.client.encoding``, so client, load generator and
+encoding loads offline through ``pagedserve.common.encoding``, so client, load generator and
 server count the same tokens.
 
 Special-token text in the input (``<|endoftext|>``) is encoded as ordinary text unless the
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import tiktoken
 
-from pagedserve.client.encoding import load_encoding
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.common.encoding import load_encoding
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer.base import Tokenizer, TokenizerLoadError
 from pagedserve.server.tokenizer.chat_template import checked_chat_template
 
@@ -85,19 +85,22 @@ class TiktokenTokenizer(Tokenizer):
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         ids = list(token_ids)
-        for token_id in ids:
-            self.token_bytes(token_id)  # a typed error instead of tiktoken's bare KeyError
         if skip_special_tokens:
             ids = [i for i in ids if i not in self.all_special_ids]
-        return self._encoding.decode(ids, errors="replace")
+        try:
+            return self._encoding.decode(ids, errors="replace")
+        except (KeyError, OverflowError, ValueError):
+            # An unassigned or negative id: rare, so the per-token path serves it.
+            data = b"".join(self.token_bytes(i) for i in ids)
+            return data.decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
-        if not 0 <= token_id < self.vocab_size:
-            raise self.unknown_token_error(token_id)
+        if token_id < 0:
+            raise self.negative_token_error(token_id)
         try:
             return self._encoding.decode_single_token_bytes(token_id)
-        except KeyError:
-            raise self.unknown_token_error(token_id) from None
+        except (KeyError, OverflowError):
+            return b""  # unassigned in this encoding (or past its end): no text
 
     def _special_id(self, text: str | None) -> int | None:
         if text is None:

@@ -8,15 +8,18 @@ disconnects are real socket closes.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
 from aiohttp import web
 
-from pagedserve.server.api import ServerConfig, create_app, make_runner
+from pagedserve.server.api import ServerConfig, create_app, make_runner, make_site
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.engine.engine_args import EngineArgs
 
@@ -48,7 +51,8 @@ class LiveServer:
 
     async def _start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = make_site(self._runner, "127.0.0.1", 0)
+        self.site = site
         await site.start()
         self.port = self._runner.addresses[0][1]
 
@@ -89,3 +93,22 @@ def server_config(model_dir: str, **overrides: Any) -> ServerConfig:
     engine.update(overrides.pop("engine", {}))
     return ServerConfig(engine_args=EngineArgs(**engine), host="127.0.0.1", port=0,
                         served_model_names=["tiny-test"], **overrides)
+
+
+async def start_serve_process(model_dir: Path, *args: str, env: dict[str, str] | None = None,
+                              ) -> tuple[asyncio.subprocess.Process, str]:
+    """``pagedserve serve`` on the test checkpoint as a child process (stdout piped), once it
+    prints its address; returns the process and its base URL."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pagedserve.server.cli.main", "serve", "--model", str(model_dir),
+        "--host", "127.0.0.1", "--port", "0", "--served-model-name", "tiny-test",
+        "--num-kv-blocks", "64", "--disable-access-log", *args,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
+    while True:
+        line = (await asyncio.wait_for(process.stdout.readline(), _START_TIMEOUT_S)).decode()
+        if not line:
+            raise AssertionError(f"the server exited early: {await process.wait()}")
+        if line.startswith("pagedserve: serving on "):
+            return process, line.rsplit(" ", 1)[1].strip()

@@ -39,7 +39,8 @@ async def test_full_waiting_queue_is_429_with_retry_after(one_slot_server: LiveS
             assert refused.status == 429
             assert refused.headers["Retry-After"] == "1"
             assert await refused.json() == {"error": {
-                "message": "the waiting queue is full (1 requests)",
+                "message": "the waiting queue is full (1 requests, max_waiting_requests=1); "
+                           "retry later",
                 "type": "rate_limit_error", "param": None, "code": "queue_full"}}
 
         async with AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +49,23 @@ async def test_missing_or_wrong_key_is_401(keyed_server: LiveServer, headers: di
     ) as response:
         assert response.status == 401
         assert response.headers["WWW-Authenticate"] == "Bearer"
+        # The engine's load is no business of a client without the key.
+        assert not [h for h in response.headers if h.lower().startswith("x-pagedserve-")]
         assert await response.json() == expected
+
+
+async def test_a_key_that_is_not_utf8_is_a_400(keyed_server: LiveServer,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", keyed_server.port)
+    writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+                 b"Connection: close\r\n\r\n")
+    head, _, body = (await reader.read()).partition(b"\r\n\r\n")
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert json.loads(body) == {"error": {
+        "message": "The Authorization header must be valid UTF-8.",
+        "type": "invalid_request_error", "param": None, "code": None}}
+    assert "Traceback" not in caplog.text
 
 
 async def test_health_and_metrics_stay_open(keyed_server: LiveServer) -> None:

@@ -171,7 +171,7 @@ def test_dashboard_queries_only_exported_metrics() -> None:
 def test_dockerfile_installs_with_constraints() -> None:
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "-c constraints.txt" in dockerfile
-    for package in ("server", "client", "kernels", "loadgen"):
+    for package in ("common", "server", "client", "kernels", "loadgen"):
         assert f"COPY {package} ./{package}" in dockerfile
     assert 'ENTRYPOINT ["pagedserve"]' in dockerfile
     assert 'CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]' in dockerfile

@@ -7,7 +7,7 @@ from typing import Any
 import aiohttp
 from openai import AsyncOpenAI
 
-from pagedserve.client.load_hints import LoadHints
+from pagedserve.common.load_hints import LoadHints
 from pagedserve.server.api.serving_common import VERSION
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer

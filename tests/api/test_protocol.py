@@ -11,7 +11,7 @@ from pagedserve.server.api.protocol_tokenize import (
     parse_detokenize_request,
     parse_tokenize_request,
 )
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 
 
 def completion(**fields: object) -> dict[str, object]:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pagedserve.server.api import ServerConfig
+from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.cli import generate, main, serve
 from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
 from pagedserve.server.models.config import ModelConfig
@@ -44,6 +45,18 @@ def test_flags_map_to_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (engine.enable_prefix_caching, engine.block_size) == (True, 32)
 
 
+def test_limit_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = serve.config_from_args(parse([
+        "--max-prompts-per-request", "8", "--max-completions-per-request", "16",
+        "--tokenizer-threads", "3", "--timeout-keep-alive", "7.5",
+        "--timeout-header-read", "2", "--max-connections", "100",
+    ]))
+    assert config.limits == ServerLimits(
+        max_prompts_per_request=8, max_completions_per_request=16, tokenizer_threads=3,
+        timeout_keep_alive=7.5, timeout_header_read=2.0, max_connections=100)
+    assert serve.config_from_args(parse([])).limits == ServerLimits()
+
+
 def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(serve.API_KEY_ENV, raising=False)
     config = serve.config_from_args(parse([]))
@@ -63,6 +76,7 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--max-request-body-bytes", "0"], "max_request_body_bytes must be at least 1, got 0"),
         (["--drain-timeout", "-1"], "drain_timeout must be non-negative, got -1.0"),
         (["--api-key", ""], "api_key must be non-empty when given"),
+        (["--max-connections", "0"], "max_connections must be positive, got 0"),
         (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1], got 1.5"),
         (["a", "--model", "b"], "two models given: 'a' and --model 'b'; give one"),
     ],

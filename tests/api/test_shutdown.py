@@ -5,9 +5,7 @@ with an error event."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,29 +15,17 @@ import pytest
 from pagedserve.client.sse import iter_sse
 from pagedserve.server.api import drain
 from tests.api.conftest import MODEL
-from tests.api.live_server import LiveServer, server_config
+from tests.api.live_server import LiveServer, server_config, start_serve_process
 
 DRAINING = {"error": {"message": "The server is shutting down.",
                       "type": "service_unavailable_error", "param": None,
                       "code": "server_draining"}}
 LONG = {"model": MODEL, "prompt": "keep going", "max_tokens": 1000, "ignore_eos": True,
         "temperature": 0, "stream": True}
-START_TIMEOUT_S = 120
 
 
 async def start_process(model_dir: Path) -> tuple[asyncio.subprocess.Process, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pagedserve.server.cli.main", "serve", "--model", str(model_dir),
-        "--host", "127.0.0.1", "--port", "0", "--served-model-name", MODEL,
-        "--num-kv-blocks", "64", "--drain-timeout", "60", "--disable-access-log",
-        stdout=asyncio.subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    while True:
-        line = (await asyncio.wait_for(process.stdout.readline(), START_TIMEOUT_S)).decode()
-        if not line:
-            raise AssertionError(f"the server exited early: {await process.wait()}")
-        if line.startswith("pagedserve: serving on "):
-            return process, line.rsplit(" ", 1)[1].strip()
+    return await start_serve_process(model_dir, "--drain-timeout", "60")
 
 
 async def wait_for_status(session: aiohttp.ClientSession, url: str, status: int) -> dict:
@@ -66,6 +52,7 @@ async def test_sigterm_drains_and_exits_zero(model_dir: Path) -> None:
             async with session.post(base_url + "/v1/completions",
                                     json={**LONG, "stream": False}) as refused:
                 assert refused.status == 503
+                assert refused.headers["Retry-After"] == "1"
                 assert await refused.json() == DRAINING
 
             chunks = [event async for event in events]

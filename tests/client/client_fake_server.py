@@ -30,8 +30,8 @@ import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from pagedserve.client.encoding import load_encoding
-from pagedserve.client.load_hints import LoadHints
+from pagedserve.common.encoding import load_encoding
+from pagedserve.common.load_hints import LoadHints
 
 Fault = tuple[Any, ...]
 

@@ -4,8 +4,8 @@ import pytest
 
 from pagedserve.client import AdaptiveBudget, AdaptiveConfig, TokenBudget
 from pagedserve.client.adaptive import BudgetPlan, plan_budget
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.types import ServerLoad
+from pagedserve.common.load_hints import LoadHints
 
 LOAD = ServerLoad(0.0, 0, 0, 1000, 0, max_num_seqs=8, max_num_batched_tokens=512,
                   total_kv_tokens=1000)

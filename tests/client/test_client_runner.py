@@ -16,9 +16,9 @@ from pagedserve.client import (
     build_pool,
 )
 from pagedserve.client.batch import BatchResult, BatchSummary, ItemError
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.progress import BatchProgress
 from pagedserve.client.types import Usage
+from pagedserve.common.load_hints import LoadHints
 
 FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=0.0)
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.client import AsyncClient, CallableCounter, ServerTokenCounter, TiktokenCounter
-from pagedserve.client.encoding import load_encoding
 from pagedserve.client.errors import InvalidRequestError
 from pagedserve.client.tokens import PromptCount, reserved_tokens
+from pagedserve.common.encoding import load_encoding
 
 TEXTS = [
     "",

@@ -188,6 +188,6 @@ def test_bad_words_are_never_generated(llm: LLM, llama: tuple) -> None:
     banned = tokenizer.decode([first])
     params = SamplingParams(temperature=0.0, max_tokens=16, bad_words=[banned])
     out = llm.generate(prompt, params)[0].outputs[0]
-    assert [first] in llm.engine.outputs.bad_words_token_ids(params)
+    assert [first] in llm.engine.bad_words_token_ids(params)
     assert first not in out.token_ids
     assert out.token_ids != base.token_ids

@@ -97,3 +97,29 @@ def test_generate_command(llama_case: tuple) -> None:
     )
     assert bad.returncode == 2
     assert "maximum context length is 512 tokens" in bad.stderr
+
+
+def test_engine_seed_makes_unseeded_sampling_repeat(llama_case: tuple) -> None:
+    model_dir, prompts, _ = llama_case
+    batch = [{"prompt_token_ids": p} for p in prompts[:3]]
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+
+    def fresh(seed: int) -> list[list[int]]:
+        llm = LLM(str(model_dir), dtype="float32", seed=seed)
+        return [r.outputs[0].token_ids for r in llm.generate(batch, params)]
+
+    first = fresh(0)
+    assert fresh(0) == first
+    assert fresh(1) != first
+
+
+def test_the_engine_leaves_sampling_params_untouched(llama_case: tuple) -> None:
+    model_dir, prompts, _ = llama_case
+    llm = LLM(str(model_dir), dtype="float32", max_model_len=24)
+    params = SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    short, long = llm.generate([{"prompt_token_ids": prompts[1]},
+                                {"prompt_token_ids": prompts[2]}], params)
+    assert params == SamplingParams(temperature=0.0, max_tokens=None, ignore_eos=True)
+    # Each prompt got its own default: what the context leaves after it.
+    assert len(short.outputs[0].token_ids) == 24 - len(prompts[1])
+    assert len(long.outputs[0].token_ids) == 24 - len(prompts[2])

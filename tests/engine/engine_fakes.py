@@ -8,10 +8,14 @@ wrong swap mapping or bad prefix hit shows up as a wrong token.
 
 from __future__ import annotations
 
-from pagedserve.server.engine.sampling_params import SamplingParams
+from dataclasses import replace
+
+from pagedserve.server.engine.model_input import prepare_model_input
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.sampling_params import SamplingParams
 
 
 def make_group(request_id: str, prompt: list[int], seq_id: int, block_size: int, *,
@@ -23,9 +27,9 @@ def make_group(request_id: str, prompt: list[int], seq_id: int, block_size: int,
                          arrival_time, cache_salt=cache_salt)
 
 
-def next_token(seq: Sequence) -> int:
+def next_token(seq: Sequence, index: int = 0) -> int:
     """A deterministic token that differs between forks of one sequence."""
-    return 1000 + (seq.seq_id * 7919 + seq.num_tokens * 31) % 97
+    return 1000 + (seq.seq_id * 7919 + seq.num_tokens * 31 + index * 13) % 97
 
 
 class FakeKVCache:
@@ -35,22 +39,28 @@ class FakeKVCache:
                                                for _ in range(num_device_blocks)]
         self.cpu: list[list[int | None]] = [[None] * block_size for _ in range(num_cpu_blocks)]
 
-    def run(self, out: SchedulerOutput) -> None:
+    def run(self, out: SchedulerOutput) -> list[int]:
+        """Applies the step to the cache; returns each scheduled sequence's first row."""
         for src, dst in out.blocks_to_swap_out:
             self.cpu[dst] = list(self.device[src])
         for src, dst in out.blocks_to_swap_in:
             self.device[dst] = list(self.cpu[src])
         for src, dst in out.blocks_to_copy:
             self.device[dst] = list(self.device[src])
-        for item in out.scheduled:
-            for pos, slot in zip(item.positions, item.slot_mapping(), strict=True):
-                block, offset = divmod(slot, self.block_size)
-                self.device[block][offset] = item.seq.token_ids[pos]
+        if not out.scheduled:
+            return [0]
+        # The production packing: token i of the batch goes to slot_mapping[i].
+        inp = prepare_model_input(out, self.block_size, "cpu")
+        for token, slot in zip(inp.input_ids.tolist(), inp.attn.slot_mapping.tolist(),
+                               strict=True):
+            block, offset = divmod(slot, self.block_size)
+            self.device[block][offset] = token
         for item in out.scheduled:
             context = self.read(item.seq.block_table, item.seq_len)
             expected = item.seq.token_ids[:item.seq_len]
             assert context == expected, (
                 f"sequence {item.seq.seq_id} reads {context}, expected {expected}")
+        return inp.query_start_loc
 
     def read(self, block_table: list[int], num_tokens: int) -> list[int | None]:
         size = self.block_size
@@ -58,8 +68,10 @@ class FakeKVCache:
 
 
 class FakeRunner:
-    """Plays model runner and engine: one token per sampling sequence, forks on the first
-    sample of a request with ``best_of`` > 1, finishes at ``max_tokens`` or max_model_len."""
+    """Plays model runner and sampler around the real scheduler: the production input
+    packing and sampling plan, one deterministic token per draw (``best_of`` draws on a
+    request's first token, forked by ``update_from_output``); a request finishes at its
+    ``max_tokens`` entry (default 4) or at max_model_len."""
 
     def __init__(self, scheduler: Scheduler, max_tokens: dict[str, int] | None = None) -> None:
         self.scheduler = scheduler
@@ -72,16 +84,16 @@ class FakeRunner:
     def step(self) -> SchedulerOutput:
         out = self.scheduler.schedule()
         self.check_limits(out)
-        self.cache.run(out)
-        self.scheduler.update_after_step(out)
-        for item in out.scheduled:
-            # A sequence a fork preempted after the step still takes its sampled token.
-            if item.samples and not item.seq.is_finished():
-                self._sample(item.seq, item.seq_group)
+        starts = self.cache.run(out)
+        plan = SamplingPlan.of(out, starts)
+        for draw in plan.draws:
+            self._apply_limit(draw.group)
+        tokens = [SampledToken(draw, next_token(draw.seq, draw.index), -0.5, None)
+                  for draw in plan.draws]
+        self.scheduler.update_from_output(out, SampledBatch(tokens=tokens))
         self.finished.extend(out.finished_request_ids)
         self.scheduler.check_integrity()
         return out
-
     def run_until_done(self, max_steps: int = 10_000) -> int:
         steps = 0
         while self.scheduler.has_unfinished_requests():
@@ -101,17 +113,7 @@ class FakeRunner:
             assert item.num_new_tokens >= 1
             assert item.seq_len <= item.num_tokens
 
-    def _sample(self, seq: Sequence, seq_group: SequenceGroup) -> None:
-        width = seq_group.sampling_params.best_of
-        first = not seq.output_token_ids and len(seq_group.seqs) == 1
-        if first and seq.status is SequenceStatus.RUNNING:
-            for _ in range(width - 1):
-                self._append(self.scheduler.fork_seq(seq, seq_group), seq_group)
-        self._append(seq, seq_group)
-
-    def _append(self, seq: Sequence, seq_group: SequenceGroup) -> None:
-        seq.append_token(next_token(seq), -0.5)
-        limit = self.max_tokens.get(seq_group.request_id, 4)
-        max_model_len = self.scheduler.config.max_model_len
-        if seq.num_output_tokens >= limit or seq.num_tokens >= max_model_len:
-            self.scheduler.finish_seq(seq, SequenceStatus.FINISHED_LENGTH)
+    def _apply_limit(self, group: SequenceGroup) -> None:
+        limit = self.max_tokens.get(group.request_id, 4)
+        if group.sampling_params.max_tokens != limit:
+            group.sampling_params = replace(group.sampling_params, max_tokens=limit)

@@ -4,8 +4,8 @@ import pytest
 
 from pagedserve.server.engine.block import FreeBlockQueue, KVCacheBlock
 from pagedserve.server.engine.block_pool import BlockPool
-from pagedserve.server.engine.errors import BlockAllocationError
 from pagedserve.server.engine.prefix_cache import BlockHash, hash_block_tokens
+from pagedserve.server.errors import BlockAllocationError
 
 
 def ids(queue: FreeBlockQueue) -> list[int]:

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.errors import InvalidRequestError, QueueFullError
 from pagedserve.server.engine.kv_allocation import cdiv
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.sequence import SequenceStatus
+from pagedserve.server.errors import InvalidRequestError, QueueFullError
 
 MAX_MODEL_LEN = 16
 MAX_WAITING = 6

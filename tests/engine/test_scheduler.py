@@ -4,10 +4,10 @@ import pytest
 from engine_fakes import FakeRunner, make_group
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.errors import InvalidRequestError, QueueFullError
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import SequenceGroup, SequenceStatus
+from pagedserve.server.errors import InvalidRequestError, QueueFullError
 
 BS = 4
 
@@ -87,18 +87,6 @@ def test_a_request_sequences_advance_together() -> None:
     assert batch(runner.step()) == [("a", 1, 1, True), ("a", 1, 1, True)]
     assert batch(runner.step()) == [("a", 2, 1, True), ("a", 2, 1, True)]
     assert batch(runner.step()) == [("b", 1, 1, True)]
-
-
-def test_scheduled_sequence_gives_the_runner_its_inputs() -> None:
-    scheduler = make_scheduler(max_num_batched_tokens=3)
-    group = add(scheduler, "a", 6)
-    (item,) = scheduler.schedule().scheduled
-    assert group.seqs[0].block_table == [0, 1]
-    assert (item.token_ids, list(item.positions), item.seq_len) == ([1, 2, 3], [0, 1, 2], 3)
-    scheduler.update_after_step(SchedulerOutput(scheduled=[item]))
-    (item,) = scheduler.schedule().scheduled
-    assert item.token_ids == [4, 5, 6] and item.slot_mapping() == [3, 4, 5]
-    assert item.samples
 
 
 def test_update_after_step_twice_raises() -> None:

@@ -13,6 +13,7 @@ from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import SequenceGroup, SequenceStatus
+from pagedserve.server.engine.token_sampling import SampledBatch, SampledToken, SamplingPlan
 
 BS = 4
 
@@ -200,6 +201,29 @@ def test_contiguous_fork_preempts_the_latest_other_arrival() -> None:
     assert [(i.seq.seq_id, i.num_computed_tokens, i.num_new_tokens) for i in out.scheduled] == [
         (0, 4, 1), (child.seq_id, 4, 1)]
     assert [group.request_id for group in scheduler.waiting] == ["b"]
+
+
+def test_a_preemption_caused_by_a_fork_is_reported_in_its_own_step() -> None:
+    scheduler = make_scheduler("recompute", num_blocks=8, kv_allocation="contiguous",
+                               max_model_len=16)
+    a = add(scheduler, "a", best_of=2)
+    b = make_group("b", [9], scheduler.new_seq_id(), BS)
+    scheduler.add_seq_group(b)
+    out = scheduler.schedule()
+    plan = SamplingPlan.of(out, [0, 4, 5])
+    assert [(d.seq.seq_id, d.index, d.forks) for d in plan.draws] == [
+        (0, 0, False), (0, 1, True), (1, 0, False)]
+    tokens = [SampledToken(draw, 5 + draw.index, 0.0, None) for draw in plan.draws]
+    scheduler.update_from_output(out, SampledBatch(tokens=tokens))
+    assert out.preempted == ["b"]  # the step that forked reports it
+    # b was preempted after sampling: it keeps its token and recomputes.
+    assert b.seqs[0].status is SequenceStatus.WAITING and b.seqs[0].output_token_ids == [5]
+    parent, child = a.seqs
+    assert (parent.output_token_ids, child.output_token_ids) == ([5], [6])
+    assert child.sample_index == 1 and child.block_table == [4, 5, 6, 7]
+    scheduler.check_integrity()
+    out = scheduler.schedule()
+    assert out.preempted == [] and out.blocks_to_copy == [(0, 4)]
 
 
 def test_abort_of_a_swapped_request_frees_its_cpu_blocks() -> None:

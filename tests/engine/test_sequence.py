@@ -3,17 +3,18 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.server.engine.kv_allocation import ContiguousAllocation, PagedAllocation
-from pagedserve.server.engine.sampling_params import SamplingParams
+from pagedserve.server.engine.scheduler_stats import PreemptionStats, TokenOccupancy
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.engine.stats import PreemptionStats, TokenOccupancy
+from pagedserve.server.sampling_params import SamplingParams
 
 
 def test_statuses() -> None:
     finished = {s for s in SequenceStatus if s.is_finished}
     assert finished == {SequenceStatus.FINISHED_STOPPED, SequenceStatus.FINISHED_LENGTH,
-                        SequenceStatus.FINISHED_ABORTED, SequenceStatus.FINISHED_IGNORED}
+                        SequenceStatus.FINISHED_ABORTED, SequenceStatus.FINISHED_IGNORED,
+                        SequenceStatus.FINISHED_ERROR}
     assert [s.finish_reason for s in SequenceStatus] == [
-        None, None, None, "stop", "length", "abort", "length"]
+        None, None, None, "stop", "length", "abort", "length", "error"]
 
 
 def test_append_token_tracks_tokens_and_cumulative_logprob() -> None:

@@ -12,7 +12,7 @@ import pytest_asyncio
 
 from pagedserve.client import AsyncClient
 from pagedserve.server import LLM
-from pagedserve.server.engine.metrics import StepStats
+from pagedserve.server.engine.engine_stats import StepStats
 from tests.api.live_server import LiveServer, server_config
 from tests.live_model import write_live_model
 

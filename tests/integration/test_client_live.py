@@ -23,9 +23,9 @@ from pagedserve.client import (
     run_batch,
     run_batch_file,
 )
-from pagedserve.client.load_hints import LoadHints
 from pagedserve.client.tokens import PromptCount
 from pagedserve.client.types import ChatCompletion, Completion, Usage
+from pagedserve.common.load_hints import LoadHints
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.outputs import CompletionOutput
 from tests.api.live_server import LiveServer

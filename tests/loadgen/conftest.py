@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from pagedserve.client.encoding import load_encoding
+from pagedserve.common.encoding import load_encoding
 
 TOKEN = " hello"  # one cl100k_base token, so a text of k tokens counts k
 

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
-from pagedserve.client.encoding import load_encoding
+from pagedserve.common.encoding import load_encoding
 from pagedserve.loadgen.datasets import DatasetSpec, length_range, load_dataset
 from pagedserve.loadgen.errors import BenchConfigError, DatasetError
 from pagedserve.loadgen.lengths import SYNTHETIC_WORKLOADS

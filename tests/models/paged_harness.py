@@ -11,9 +11,12 @@ import math
 import torch
 
 from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.models.attention import AttentionMetadata
+from pagedserve.server.engine.model_input import prepare_model_input
+from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.sampling_params import SamplingParams
 
 
 class PagedHarness:
@@ -30,46 +33,33 @@ class PagedHarness:
             pool.fill_(float("nan"))
         order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))
         self.free = order.tolist()
-        self.tables: dict[int, list[int]] = {}
-        self.tokens: dict[int, list[int]] = {}
+        self.seqs: dict[int, SequenceGroup] = {}
 
-    def _slots(self, seq: int, start: int, end: int) -> list[int]:
-        table = self.tables.setdefault(seq, [])
-        while len(table) < math.ceil(end / self.block_size):
-            table.append(self.free.pop())
-        b = self.block_size
-        return [table[p // b] * b + p % b for p in range(start, end)]
+    def _schedule(self, seq_id: int, new: list[int]) -> ScheduledSequence:
+        group = self.seqs.get(seq_id)
+        if group is None:
+            group = self.seqs[seq_id] = SequenceGroup(
+                str(seq_id), [Sequence(seq_id, [], self.block_size)], SamplingParams(), 0.0)
+        seq = group.seqs[0]
+        start = seq.num_tokens
+        for token in new:
+            seq.append_token(token, 0.0)
+        while len(seq.block_table) < math.ceil(seq.num_tokens / self.block_size):
+            seq.block_table.append(self.free.pop())
+        return ScheduledSequence(seq, group, len(new), start, seq.num_tokens)
 
     def step(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
-        """Computes each (sequence id, new tokens) chunk in one packed forward pass; returns
-        float32 logits [len(new tokens), vocab] per chunk."""
-        ids, positions, slots, seq_lens, starts = [], [], [], [], [0]
-        for seq, new in chunks:
-            done = self.tokens.setdefault(seq, [])
-            start, end = len(done), len(done) + len(new)
-            ids += new
-            positions += range(start, end)
-            slots += self._slots(seq, start, end)
-            seq_lens.append(end)
-            starts.append(starts[-1] + len(new))
-            done += new
-        width = max(len(self.tables[seq]) for seq, _ in chunks)
-        tables = [self.tables[seq] + [0] * (width - len(self.tables[seq])) for seq, _ in chunks]
-        query_lens = [len(new) for _, new in chunks]
-        attn = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
-            block_tables=torch.tensor(tables, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            max_query_len=max(query_lens),
-            is_decode_only=all(q == 1 for q in query_lens),
-        )
+        """Computes each (sequence id, new tokens) chunk in one packed forward pass, packed by
+        the engine's own ``prepare_model_input``; returns float32 logits [len(new tokens),
+        vocab] per chunk."""
+        out = SchedulerOutput(scheduled=[self._schedule(seq, new) for seq, new in chunks])
+        inp = prepare_model_input(out, self.block_size, "cpu")
+        for item in out.scheduled:
+            item.seq.num_computed_tokens = item.seq_len
         with torch.inference_mode():
-            hidden = self.model(
-                torch.tensor(ids), torch.tensor(positions), attn, self.cache.device_caches
-            )
+            hidden = self.model(inp.input_ids, inp.positions, inp.attn, self.cache.device_caches)
             logits = self.model.compute_logits(hidden)
-        return list(logits.split(query_lens))
+        return list(logits.split([len(new) for _, new in chunks]))
 
 
 def hf_logits(hf_model: torch.nn.Module, tokens: list[int]) -> torch.Tensor:

@@ -14,8 +14,8 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from pagedserve.server.engine.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
+from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 64
 PROMPT = [3, 9, 9, 17, 40]

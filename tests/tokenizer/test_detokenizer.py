@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import pairwise
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedserve.server.engine.errors import InvalidRequestError
 from pagedserve.server.tokenizer import IncrementalDetokenizer, Tokenizer
 
 HF_VOCAB = 384
@@ -100,9 +100,17 @@ def test_fork_continues_independently(hf_tokenizer: Tokenizer) -> None:
     assert child.flush() == ""
 
 
-def test_unknown_id_is_a_request_error(hf_tokenizer: Tokenizer) -> None:
+def test_ids_without_a_token_add_nothing_and_characters_carry_on(
+        hf_tokenizer: Tokenizer, auto_tokenizer: Any) -> None:
     detokenizer = IncrementalDetokenizer(hf_tokenizer, [1])
-    with pytest.raises(InvalidRequestError) as info:
-        detokenizer.add_tokens([70, HF_VOCAB])
-    assert str(info.value) == (f"token id {HF_VOCAB} is not in the vocabulary of tokenizer "
-                               f"'hf0' (vocab_size {HF_VOCAB})")
+    assert detokenizer.add_tokens([70, HF_VOCAB]) == "a"
+    assert detokenizer.add_tokens([171, 128, HF_VOCAB + 7]) == ""
+    assert detokenizer.add_tokens([252]) == "龘"
+    assert detokenizer.flush() == ""
+    assert auto_tokenizer.decode([70, HF_VOCAB, 171, 128, HF_VOCAB + 7, 252]) == "a龘"
+
+
+def test_tiktoken_unassigned_ids_add_nothing(tiktoken_tokenizer: Tokenizer) -> None:
+    ids = tiktoken_tokenizer.encode("Hello, 龘 world")
+    with_gaps = [100256, *ids[:3], 100261, *ids[3:], 100275]
+    assert "".join(stream(tiktoken_tokenizer, with_gaps, [1, 4, 5])) == "Hello, 龘 world"

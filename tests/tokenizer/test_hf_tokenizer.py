@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.hf import HFTokenizer
 from tests.tokenizer_files import write_hf_tokenizer
@@ -128,16 +129,24 @@ def test_token_bytes_join_to_the_decoded_text(hf_tokenizer: Tokenizer) -> None:
     assert hf_tokenizer.token_bytes(1) == b"<s>"
 
 
-@pytest.mark.parametrize("token_id", [384, 10_000, -1])
-def test_unknown_ids_are_rejected(hf_tokenizer: Tokenizer, token_id: int) -> None:
-    message = (f"token id {token_id} is not in the vocabulary of tokenizer 'hf0' "
-               "(vocab_size 384)")
+# A model whose embedding has more rows than the tokenizer has tokens (Qwen2, OPT, padded
+# checkpoints) can sample those ids: they decode to nothing, as in transformers.
+@pytest.mark.parametrize("token_id", [384, 10_000, 2**40])
+def test_ids_past_the_vocabulary_decode_to_nothing(hf_tokenizer: Tokenizer,
+                                                   auto_tokenizer: Any, token_id: int) -> None:
+    ids = [*hf_tokenizer.encode("Hi 你好", add_special_tokens=False), token_id, 70]
+    assert hf_tokenizer.decode(ids) == auto_tokenizer.decode([i for i in ids if i < 2**32])
+    assert hf_tokenizer.decode(ids) == "Hi 你好a"
+    assert hf_tokenizer.token_bytes(token_id) == b""
+
+
+def test_negative_ids_are_rejected(hf_tokenizer: Tokenizer) -> None:
     with pytest.raises(InvalidRequestError) as info:
-        hf_tokenizer.decode([5, token_id])
-    assert (str(info.value), info.value.param) == (message, "token_ids")
-    with pytest.raises(InvalidRequestError) as info:
-        hf_tokenizer.token_bytes(token_id)
-    assert str(info.value) == message
+        hf_tokenizer.decode([5, -1])
+    assert (str(info.value), info.value.param) == ("token ids must be non-negative, got -1",
+                                                   "token_ids")
+    with pytest.raises(InvalidRequestError):
+        hf_tokenizer.token_bytes(-1)
 
 
 def test_unsupported_decoder_is_a_load_error(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.client.encoding import load_encoding
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.common.encoding import load_encoding
+from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.tiktoken_tokenizer import TiktokenTokenizer
 
@@ -65,18 +65,30 @@ def test_attributes(tiktoken_tokenizer: Tokenizer) -> None:
     assert tiktoken_tokenizer.chat_template is None
 
 
-# 100256 lies inside the vocabulary range but no token has it.
-@pytest.mark.parametrize("token_id", [100277, 100256, 2**40, -1])
-def test_ids_outside_the_vocabulary_are_errors(tiktoken_tokenizer: Tokenizer,
+# cl100k_base assigns no token to 100256 and 100261-100275, yet they are rows of a model's
+# embedding (the embedded model has 100,277); ids past the encoding have no token either.
+@pytest.mark.parametrize("token_id", [100256, 100261, 100275, 100277, 2**40])
+def test_ids_without_a_token_decode_to_nothing(tiktoken_tokenizer: Tokenizer,
                                                token_id: int) -> None:
-    message = (f"token id {token_id} is not in the vocabulary of tokenizer 'cl100k_base' "
-               "(vocab_size 100277)")
+    hello, world = tiktoken_tokenizer.encode("Hello world")
+    assert tiktoken_tokenizer.decode([hello, token_id, world]) == "Hello world"
+    assert tiktoken_tokenizer.decode([token_id], skip_special_tokens=False) == ""
+    assert tiktoken_tokenizer.token_bytes(token_id) == b""
+
+
+def test_a_character_carries_on_across_an_id_without_a_token(
+        tiktoken_tokenizer: Tokenizer) -> None:
+    first, second = load_encoding("cl100k_base").encode("龘")[:2]
+    assert tiktoken_tokenizer.decode([first, 100256, second]) == "龘"
+
+
+def test_negative_ids_are_errors(tiktoken_tokenizer: Tokenizer) -> None:
     with pytest.raises(InvalidRequestError) as info:
-        tiktoken_tokenizer.decode([9906, token_id])
-    assert (str(info.value), info.value.param) == (message, "token_ids")
-    with pytest.raises(InvalidRequestError) as info:
-        tiktoken_tokenizer.token_bytes(token_id)
-    assert str(info.value) == message
+        tiktoken_tokenizer.decode([9906, -1])
+    assert (str(info.value), info.value.param) == ("token ids must be non-negative, got -1",
+                                                   "token_ids")
+    with pytest.raises(InvalidRequestError):
+        tiktoken_tokenizer.token_bytes(-1)
 
 
 def test_bos_token_and_chat_template_from_the_spec(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.stats import SchedulerStats
+from pagedserve.server.engine.scheduler_stats import SchedulerStats
 
 
 @dataclass(slots=True)

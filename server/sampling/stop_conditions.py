@@ -1,8 +1,10 @@
-"""Stop strings, matched on detokenized text as it streams.
+"""When a sequence stops: the token rule (EOS, ``stop_token_ids``, ``max_tokens``) and stop
+strings matched on the detokenized text as it streams.
 
-A stop string can straddle deltas (and tokens), so the checker holds back the longest tail of
-the text that could still begin one — at most ``max(len(stop)) - 1`` characters — and emits the
-rest. Text once emitted is never cut later, so a streamed response and the final text agree.
+A stop string can straddle deltas (and tokens), so ``StopChecker`` holds back the longest tail
+of the text that could still begin one — at most ``max(len(stop)) - 1`` characters — and emits
+the rest. Text once emitted is never cut later, so a streamed response and the final text
+agree.
 
 When several stop strings occur, the one that completes first wins (the one a character-by-
 character stream would meet first); of those completing at the same character, the longest. The
@@ -18,8 +20,38 @@ Typical use per sequence::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal
 
-from pagedserve.server.engine.errors import InvalidRequestError
+from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.sampling_params import SamplingParams
+
+FinishReason = Literal["stop", "length"]
+
+
+def check_stop_token(
+    params: SamplingParams,
+    output_len: int,
+    token_id: int,
+    eos_token_id: int | None,
+) -> tuple[FinishReason | None, int | None]:
+    """Decide whether the token just appended ends the sequence.
+
+    ``output_len`` counts the generated tokens including ``token_id``. Returns
+    ``(finish_reason, stop_reason)``: ``("stop", None)`` for EOS, ``("stop", token_id)`` for a
+    member of ``stop_token_ids``, ``("length", None)`` at ``max_tokens``, ``(None, None)`` to
+    continue. Nothing stops before ``min_tokens`` tokens exist.
+    """
+    if output_len < params.min_tokens:
+        return None, None
+    # A stop token in the last allowed position reports "stop", as OpenAI and vLLM do: the
+    # model chose to end there, the cap did not cut it off.
+    if not params.ignore_eos and eos_token_id is not None and token_id == eos_token_id:
+        return "stop", None
+    if token_id in params.stop_token_ids:
+        return "stop", token_id
+    if params.max_tokens is not None and output_len >= params.max_tokens:
+        return "length", None
+    return None, None
 
 
 class StopChecker:

@@ -1,4 +1,5 @@
-"""Usage accounting of the KV cache and the scheduler, as /metrics and /load report it."""
+"""The scheduler's usage snapshots, as /metrics and /load report them: KV cache pools, token
+occupancy, preemptions and the queues (``SchedulerStats``)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ class PreemptionStats:
 
 @dataclass(slots=True, frozen=True)
 class SchedulerStats:
-    """A snapshot for /metrics and the load hints (names match ``client.load_hints``)."""
+    """A snapshot for /metrics and the load hints (names match ``pagedserve.common.load_hints``)."""
 
     num_waiting: int
     num_running: int
@@ -142,3 +143,4 @@ class SchedulerStats:
         if self.prefix_cache_queried_tokens == 0:
             return 0.0
         return self.prefix_cache_hit_tokens / self.prefix_cache_queried_tokens
+

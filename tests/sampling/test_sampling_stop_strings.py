@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedserve.server.engine.errors import InvalidRequestError
-from pagedserve.server.tokenizer import StopChecker
+from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.sampling import StopChecker
 
 
 def run(stop: Sequence[str], deltas: Sequence[str], include: bool = False

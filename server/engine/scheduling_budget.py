@@ -5,7 +5,7 @@ from __future__ import annotations
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
-class TokenBudget:
+class SchedulingBudget:
     """Tokens left to schedule in this step (``max_num_batched_tokens`` at its start)."""
 
     __slots__ = ("tokens_left",)

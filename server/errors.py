@@ -28,6 +28,16 @@ class QueueFullError(PagedServeError):
         self.retry_after = retry_after
 
 
+class RequestFailedError(PagedServeError):
+    """The engine ended one request because processing its output raised; the engine and
+    every other request go on. ``RequestOutput.error`` of that request says why."""
+
+    def __init__(self, request_id: str, detail: str) -> None:
+        super().__init__(f"request {request_id!r} failed: {detail}")
+        self.request_id = request_id
+        self.detail = detail
+
+
 class EngineDeadError(PagedServeError):
     """The engine's step loop has stopped; no request can make progress."""
 

@@ -1,0 +1,51 @@
+"""Bounds on the work one request or one connection can make the server do, with their
+``pagedserve serve`` flags.
+
+Each has a default that a single replica can afford; a request over a limit gets an
+OpenAI-shaped 400 (413 for a body announced too large), a connection over the cap a 503.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from pagedserve.server.api.config import ServerLimits
+from pagedserve.server.api.errors import invalid_request
+
+
+def check_prompts(limits: ServerLimits, num_prompts: int, best_of: int) -> None:
+    """Raises a 400 for a completions request over either per-request limit."""
+    if num_prompts > limits.max_prompts_per_request:
+        raise invalid_request(
+            f"the request has {num_prompts} prompts, more than the limit of "
+            f"{limits.max_prompts_per_request} (--max-prompts-per-request)", param="prompt")
+    completions = num_prompts * best_of
+    if completions > limits.max_completions_per_request:
+        raise invalid_request(
+            f"the request asks for {completions} completions ({num_prompts} prompts × "
+            f"{best_of} each, n / best_of), more than the limit of "
+            f"{limits.max_completions_per_request} (--max-completions-per-request)",
+            param="n")
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    d = ServerLimits()
+    g = parser.add_argument_group("limits per request and per connection")
+    g.add_argument("--max-prompts-per-request", type=int, default=d.max_prompts_per_request,
+                   help="prompts in one completions request (more: 400)")
+    g.add_argument("--max-completions-per-request", type=int,
+                   default=d.max_completions_per_request,
+                   help="prompts × n (or best_of) in one request (more: 400)")
+    g.add_argument("--tokenizer-threads", type=int, default=d.tokenizer_threads,
+                   help="threads that tokenize large inputs and /tokenize off the event loop")
+    g.add_argument("--timeout-keep-alive", type=float, default=d.timeout_keep_alive,
+                   help="seconds before an idle connection is closed")
+    g.add_argument("--timeout-header-read", type=float, default=d.timeout_header_read,
+                   help="seconds a new connection gets to send its request headers")
+    g.add_argument("--max-connections", type=int, default=d.max_connections,
+                   help="open connections; more are answered 503 and closed")
+
+
+def limits_from_args(args: argparse.Namespace) -> ServerLimits:
+    return ServerLimits(**{f.name: getattr(args, f.name) for f in fields(ServerLimits)})

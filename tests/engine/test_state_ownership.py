@@ -1,0 +1,100 @@
+"""Only the scheduler and the block manager change sequences, requests and blocks.
+
+Every engine module outside them is parsed; an assignment to a sequence's, request's or
+block's state, a mutating call on one of their lists, or a call of a method that changes
+them fails the test. (The output processor's own record, ``seq.text``, is not scheduler
+state: it writes that and nothing else.)
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from pagedserve.server.engine.block import KVCacheBlock
+from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+
+ENGINE = Path(__file__).resolve().parents[2] / "server" / "engine"
+# The scheduler (two files), the block manager with its pools and blocks, and Sequence's
+# own methods.
+OWNERS = {"scheduler.py", "scheduler_updates.py", "block_manager.py", "block_pool.py",
+          "block.py", "sequence.py"}
+
+STATE = (set(Sequence.__slots__) | set(SequenceGroup.__slots__)
+         | {f.name for f in fields(KVCacheBlock)}) - {"text"}
+SEQUENCE_METHODS = {"append_token", "reset_for_recompute"}
+HOLDER_METHODS = {"fork", "add", "remove"}  # on a sequence or a request
+HOLDER_NAMES = {"seq", "parent", "child", "beam", "group", "seq_group"}
+BLOCK_MANAGER_METHODS = {"allocate", "free", "append_slots", "fork", "swap_in", "swap_out",
+                         "cache_computed_blocks"}
+LIST_METHODS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse"}
+
+
+def _last_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _targets(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, ast.Assign):
+        return node.targets
+    if isinstance(node, ast.AugAssign | ast.AnnAssign):
+        return [node.target]
+    if isinstance(node, ast.Delete):
+        return node.targets
+    return []
+
+
+def violations(source: str, filename: str = "<module>") -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        for target in _targets(node):
+            while isinstance(target, ast.Subscript):
+                target = target.value
+            if isinstance(target, ast.Attribute) and target.attr in STATE \
+                    and _last_name(target.value) != "self":
+                found.append(f"{filename}:{node.lineno} sets .{target.attr}")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, receiver = node.func.attr, node.func.value
+            name = _last_name(receiver)
+            if (method in SEQUENCE_METHODS
+                    or (method in HOLDER_METHODS and name in HOLDER_NAMES)
+                    or (method in BLOCK_MANAGER_METHODS and name == "block_manager")
+                    or (method in LIST_METHODS and isinstance(receiver, ast.Attribute)
+                        and receiver.attr in STATE)):
+                found.append(f"{filename}:{node.lineno} calls {ast.unparse(node.func)}()")
+    return found
+
+
+def test_only_the_scheduler_and_block_manager_change_state() -> None:
+    found = []
+    for path in sorted(ENGINE.glob("*.py")):
+        if path.name not in OWNERS:
+            found.extend(violations(path.read_text(), path.name))
+    assert found == []
+
+
+@pytest.mark.parametrize("line", [
+    "seq.status = SequenceStatus.RUNNING",
+    "item.seq.num_computed_tokens += 1",
+    "group.seqs.append(child)",
+    "seq.block_table[0] = 3",
+    "seq.append_token(5, 0.0)",
+    "child = parent.fork(7)",
+    "self.scheduler.block_manager.free(seq)",
+    "group.prompt_logprobs.extend(positions)",
+])
+def test_the_check_finds_each_kind_of_change(line: str) -> None:
+    assert len(violations(line)) == 1
+
+
+def test_the_output_record_and_reads_are_allowed() -> None:
+    allowed = ("text.text += emit\nseq.text.logprobs.extend(p)\n"
+               "n = len(seq.block_table)\ntext.detokenizer.fork()\nself.status = 1\n")
+    assert violations(allowed) == []
