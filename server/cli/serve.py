@@ -100,10 +100,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
-    from pagedserve.server.distributed.rendezvous import launched_rank
+    from pagedserve.server.engine.parallel_rendezvous import launched_rank
 
     if launched_rank():  # a rank > 0 under torchrun serves rank 0's steps, not HTTP
-        from pagedserve.server.distributed.worker import run_launched_worker
+        from pagedserve.server.engine.parallel_worker import run_launched_worker
 
         return run_launched_worker()
     try:

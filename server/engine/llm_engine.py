@@ -16,8 +16,6 @@ from dataclasses import replace
 
 import torch
 
-from pagedserve.server.distributed.info import ParallelInfo
-from pagedserve.server.distributed.launcher import WorkerGroup
 from pagedserve.server.engine.beam_search import BeamState
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
@@ -26,6 +24,8 @@ from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.parallel_info import ParallelInfo
+from pagedserve.server.engine.parallel_launcher import WorkerGroup
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup

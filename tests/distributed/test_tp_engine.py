@@ -20,8 +20,8 @@ import pytest
 from pagedserve.server import LLM, BeamSearchParams, SamplingParams
 from pagedserve.server.api.config import ServerConfig
 from pagedserve.server.cli.startup_log import startup_lines
-from pagedserve.server.distributed.info import ParallelInfo
-from pagedserve.server.distributed.step_message import StepMessage
+from pagedserve.server.engine.parallel_info import ParallelInfo
+from pagedserve.server.engine.step_message import StepMessage
 from tests.e2e.conftest import prompt_token_ids
 
 ENGINE = dict(dtype="float32", skip_tokenizer_init=True, block_size=8, num_kv_blocks=48,

@@ -17,8 +17,8 @@ import torch
 import torch.distributed
 
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.distributed.errors import WorkerFailedError
-from pagedserve.server.distributed.launcher import WorkerGroup
+from pagedserve.server.engine.parallel_launcher import WorkerGroup
+from pagedserve.server.errors import WorkerFailedError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 
 TIMEOUT_S = 1.0

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.server.distributed.step_message import StepMessage, logit_rows, run_step
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.step_message import StepMessage, logit_rows, run_step
 
 if TYPE_CHECKING:
-    from pagedserve.server.distributed.launcher import WorkerGroup
+    from pagedserve.server.engine.parallel_launcher import WorkerGroup
 
 
 class TensorParallelRunner:

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.server.distributed.rendezvous import (
+from pagedserve.server.engine.config import SchedulerConfig
+from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
+from pagedserve.server.engine.kv_cache import KVCache
+from pagedserve.server.engine.model_runner import ModelRunner
+from pagedserve.server.engine.parallel_rendezvous import (
     WORKER_WAIT,
     Rendezvous,
     destroy_group,
@@ -26,13 +31,8 @@ from pagedserve.server.distributed.rendezvous import (
     join_store,
     rank_device,
 )
-from pagedserve.server.distributed.step_message import StepKind, receive_step, run_step
-from pagedserve.server.distributed.watchdog import watch_parent
-from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
-from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.model_runner import ModelRunner
+from pagedserve.server.engine.parallel_watchdog import watch_parent
+from pagedserve.server.engine.step_message import StepKind, receive_step, run_step
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_layers import shard_config
 

@@ -1,6 +1,12 @@
 """Rank 0's side of tensor parallelism: start (or meet) the workers, form the group, hand them
 the KV pool size, watch them, stop them.
 
+Tensor parallelism as the PagedAttention paper draws it: one scheduler and block manager
+(rank 0, the engine's own process) and N-1 workers, each holding a Megatron-style shard of
+the model and its heads' share of every KV block under the same block tables, joined in a
+``torch.distributed`` group (gloo on CPU, NCCL on CUDA). The other ``parallel_*`` modules and
+``step_message`` are its parts; docs/internals.md draws the step.
+
 ``WorkerGroup.start`` with ``tensor_parallel_size == 1`` starts nothing: its group has one
 rank, and the engine runs exactly as on a single device.
 """
@@ -21,9 +27,11 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from pagedserve.server.distributed.driver import TensorParallelRunner
-from pagedserve.server.distributed.errors import WorkerFailedError
-from pagedserve.server.distributed.rendezvous import (
+from pagedserve.server.engine.config import SchedulerConfig
+from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
+from pagedserve.server.engine.kv_cache import KVCache
+from pagedserve.server.engine.model_runner import ModelRunner
+from pagedserve.server.engine.parallel_rendezvous import (
     Rendezvous,
     destroy_group,
     env_rendezvous,
@@ -32,13 +40,11 @@ from pagedserve.server.distributed.rendezvous import (
     launched_rank,
     rank_device,
 )
-from pagedserve.server.distributed.step_message import StepKind, StepMessage, send_step
-from pagedserve.server.distributed.watchdog import WorkerWatchdog, describe_exit
-from pagedserve.server.distributed.worker import KVBlocks, KVPlan, WorkerInit, worker_process
-from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
-from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.model_runner import ModelRunner
+from pagedserve.server.engine.parallel_runner import TensorParallelRunner
+from pagedserve.server.engine.parallel_watchdog import WorkerWatchdog, describe_exit
+from pagedserve.server.engine.parallel_worker import KVBlocks, KVPlan, WorkerInit, worker_process
+from pagedserve.server.engine.step_message import StepKind, StepMessage, send_step
+from pagedserve.server.errors import WorkerFailedError
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.loader import resolve_dtype
 from pagedserve.server.models.parallel_group import TensorParallelGroup
