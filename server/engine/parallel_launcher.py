@@ -196,6 +196,9 @@ class WorkerGroup:
         self._closed = True
         self._watchdog.stop()
         _kill(list(self._processes.values()))
+        # Released now, not when this object is collected: by then the process may belong to
+        # another engine's group.
+        self._finalizer.detach()
         if self.device.type == "cpu":
             destroy_group()  # a failed NCCL group may hang in its teardown; the process ends
         logger.error("%s", self._failure)
