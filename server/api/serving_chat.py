@@ -30,13 +30,13 @@ CHUNK_OBJECT = "chat.completion.chunk"
 ROLE = "assistant"
 
 
-def encode_chat(serving: Serving, messages: list[Any],
-                add_generation_prompt: bool) -> tuple[str, list[int]]:
+def encode_chat(serving: Serving, messages: list[Any], add_generation_prompt: bool,
+                add_special_tokens: bool = False) -> tuple[str, list[int]]:
     """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
     tokenizer = serving.tokenizer
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    # The template writes its own special tokens (often the BOS).
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    # By default no BOS of our own: the template writes its own special tokens.
+    return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
