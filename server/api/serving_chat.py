@@ -128,7 +128,10 @@ class _ChatView:
                           "finish_reason": d.finish_reason}
                 if d.finish_reason is not None:
                     choice["stop_reason"] = d.stop_reason
-                chunks.append({**envelope, "choices": [choice]})
+                chunk = {**envelope, "choices": [choice]}
+                if self.req.continuous_usage:
+                    chunk["usage"] = tracker.choice_usage(d.index)
+                chunks.append(chunk)
             yield chunks
         if self.req.include_usage:
             yield [{**envelope, "choices": [], "usage": tracker.usage()}]

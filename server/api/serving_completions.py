@@ -121,7 +121,10 @@ class _CompletionView:
                                       d.first)
                 choice["finish_reason"] = d.finish_reason
                 choice["stop_reason"] = d.stop_reason
-                chunks.append({**self.envelope, "choices": [choice], **usage_field})
+                chunk = {**self.envelope, "choices": [choice], **usage_field}
+                if self.req.continuous_usage:
+                    chunk["usage"] = tracker.choice_usage(d.index)
+                chunks.append(chunk)
             yield chunks
         if self.req.include_usage:
             yield [{**self.envelope, "choices": [], "usage": tracker.usage()}]
