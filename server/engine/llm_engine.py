@@ -142,6 +142,13 @@ class LLMEngine:
         if params.use_beam_search and params.stop:
             raise InvalidRequestError("stop strings are not supported with beam search",
                                       param="stop")
+        if n_prompt >= self.max_model_len:
+            # The prompt alone leaves no room: blame it, not a max_tokens the client may
+            # never have sent (the default fills in at least 1).
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, the prompt has {n_prompt} tokens, which leaves no room for a "
+                f"completion. Please reduce the prompt.", param="prompt")
         max_tokens = params.max_tokens or 0
         if n_prompt + max_tokens > self.max_model_len:
             raise InvalidRequestError(

@@ -82,3 +82,24 @@ async def test_tokenize_and_detokenize_round_trip(server: LiveServer) -> None:
                          "tokens": tokenizer.encode(text), "max_model_len": 1024}
     status, detokenized = await post(server, "/detokenize", {"tokens": tokenized["tokens"]})
     assert (status, detokenized) == (200, {"prompt": text})
+
+
+async def test_tokenize_takes_add_special_tokens_as_vllm_does(server: LiveServer) -> None:
+    # vLLM's benchmark client sends this to line its prompts up with the server's tokenizer.
+    text = "Paged attention"
+    tokenizer = server.engine.tokenizer
+    bos, plain = tokenizer.bos_token_id, tokenizer.encode(text, add_special_tokens=False)
+    status, tokenized = await post(
+        server, "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": False})
+    assert (status, tokenized["tokens"]) == (200, plain)
+    status, tokenized = await post(
+        server, "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": True})
+    assert (status, tokenized["tokens"]) == (200, [bos, *plain])
+    messages = [{"role": "user", "content": text}]
+    _, chat = await post(server, "/tokenize", {"messages": messages})
+    _, framed = await post(server, "/tokenize", {"messages": messages, "add_special_tokens": True})
+    assert chat["tokens"][0] != bos
+    assert framed["tokens"] == [bos, *chat["tokens"]]
+    status, error = await post(server, "/tokenize", {"prompt": text, "add_special_tokens": "no"})
+    assert status == 400
+    assert error["error"]["param"] == "add_special_tokens"
