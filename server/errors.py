@@ -44,3 +44,9 @@ class EngineDeadError(PagedServeError):
 
 class BlockAllocationError(PagedServeError):
     """Misuse of the block pool (double free, freeing an unknown block, pool exhausted)."""
+
+
+class WorkerFailedError(EngineDeadError):
+    """A tensor-parallel worker died, hung past the collective timeout or failed to start.
+    The model is split across the ranks, so no step can run without it: the engine is dead
+    and its process should exit for a supervisor to restart it."""

@@ -196,6 +196,7 @@ class ServerMetrics:
             VLLM + "request_params_max_tokens",
             "Histogram of the max_tokens request parameter.", buckets)
         self._cache_config_info(engine)
+        self._parallel_config(engine)
         engine.add_step_observer(self._observe_step)
 
     def _cache_config_info(self, engine: AsyncEngine) -> None:
@@ -213,6 +214,20 @@ class ServerMetrics:
         gauge = Gauge(VLLM + "cache_config_info", "Information of the LLMEngine CacheConfig",
                       list(info), registry=self.registry)
         gauge.labels(**{k: str(v) for k, v in info.items()}).set(1)
+
+    def _parallel_config(self, engine: AsyncEngine) -> None:
+        """Tensor parallelism: the number of ranks and each rank's share of the KV cache."""
+        info = engine.engine.parallel_info()
+        for name, doc, value in (
+            ("tensor_parallel_size", "Ranks the model is split across (tensor parallelism).",
+             info.tensor_parallel_size),
+            ("kv_cache_blocks_per_rank", "KV-cache blocks of each rank's device pool (the same "
+             "on every rank: the block tables are shared).", info.kv_blocks_per_rank),
+            ("kv_cache_bytes_per_rank", "Device memory of each rank's share of the KV cache.",
+             info.kv_bytes_per_rank),
+        ):
+            gauge = Gauge(OWN + name, doc, LABELS, registry=self.registry)
+            gauge.labels(*self._values).set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

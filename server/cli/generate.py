@@ -32,10 +32,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pagedserve.server.engine.parallel_rendezvous import launched_rank
     from pagedserve.server.errors import PagedServeError
     from pagedserve.server.llm import LLM
     from pagedserve.server.sampling_params import SamplingParams
 
+    if launched_rank():  # a rank > 0 under torchrun serves rank 0's steps
+        from pagedserve.server.engine.parallel_worker import run_launched_worker
+
+        return run_launched_worker()
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         print("pagedserve generate: no prompt given", file=sys.stderr)
@@ -46,10 +51,16 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens, seed=args.sampling_seed, ignore_eos=args.ignore_eos,
         )
         llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
+    except (PagedServeError, ValueError) as exc:
+        print(f"pagedserve generate: {exc}", file=sys.stderr)
+        return 2
+    try:
         results = llm.generate(prompts, params)
     except (PagedServeError, ValueError) as exc:
         print(f"pagedserve generate: {exc}", file=sys.stderr)
         return 2
+    finally:
+        llm.engine.shutdown()
     for result in results:
         for output in result.outputs:
             print(f"{result.prompt!r} -> {output.text!r} "

@@ -100,6 +100,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
+    from pagedserve.server.engine.parallel_rendezvous import launched_rank
+
+    if launched_rank():  # a rank > 0 under torchrun serves rank 0's steps, not HTTP
+        from pagedserve.server.engine.parallel_worker import run_launched_worker
+
+        return run_launched_worker()
     try:
         config = config_from_args(args)
     except ValueError as exc:  # ServerConfigError, or an engine argument out of range

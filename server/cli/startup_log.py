@@ -33,9 +33,24 @@ def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str]) -> l
         f"KV cache: {kv.num_device_blocks:,} blocks of {block_size} tokens = {num_tokens:,} "
         f"tokens, {num_bytes:,} bytes ({num_bytes / MiB:,.2f} MiB); CPU swap space: "
         f"{kv.num_cpu_blocks:,} blocks",
+        *_tensor_parallel_lines(engine),
         f"max_model_len: {engine.max_model_len:,}, max_num_seqs: {sched.max_num_seqs}, "
         f"max_num_batched_tokens: {sched.max_num_batched_tokens:,}",
         f"maximum concurrency for {engine.max_model_len:,} tokens per request: "
         f"{max_concurrency(kv.num_device_blocks, block_size, engine.max_model_len):.2f}x",
         *(f"listening on {url}" for url in urls),
+    ]
+
+
+def _tensor_parallel_lines(engine: LLMEngine) -> list[str]:
+    info = engine.parallel_info()
+    if info.tensor_parallel_size == 1:
+        return []
+    config, size = engine.model_config, info.tensor_parallel_size
+    return [
+        f"tensor parallel size: {size}; each rank holds {config.num_attention_heads // size} "
+        f"of {config.num_attention_heads} attention heads, "
+        f"{max(1, config.num_key_value_heads // size)} of {config.num_key_value_heads} KV "
+        f"heads, and {info.kv_blocks_per_rank:,} KV blocks = {info.kv_bytes_per_rank:,} bytes "
+        f"({info.kv_bytes_per_rank / MiB:,.2f} MiB) per rank"
     ]

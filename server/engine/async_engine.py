@@ -123,6 +123,7 @@ class AsyncEngine:
         self._wakeup.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self.engine.shutdown)
         self._fail_all(EngineDeadError("the engine has shut down"))
 
     @property
@@ -191,6 +192,7 @@ class AsyncEngine:
             while not self._stopping:
                 self._drain_inbox()
                 if not self.engine.has_unfinished_requests():
+                    self.engine.check_health()  # a tensor-parallel worker may die while idle
                     self._wakeup.wait(_IDLE_WAIT_S)
                     self._wakeup.clear()
                     continue

@@ -35,11 +35,19 @@ class EngineArgs:
     max_model_len: int | None = None
     preemption_mode: str = "auto"
     max_waiting_requests: int | None = None
+    tensor_parallel_size: int = 1
+    distributed_timeout: float = 120.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got "
                              f"{self.gpu_memory_utilization!r}")
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got "
+                             f"{self.tensor_parallel_size!r}")
+        if not self.distributed_timeout > 0:
+            raise ValueError(f"distributed_timeout must be positive (seconds), got "
+                             f"{self.distributed_timeout!r}")
 
     def cache_config(self) -> CacheConfig:
         return CacheConfig(
@@ -134,6 +142,12 @@ class EngineArgs:
         g.add_argument("--max-waiting-requests", type=int, default=None,
                        help="waiting-queue limit; beyond it requests are refused (HTTP 429); "
                             "None: no limit")
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                       help="split the model across this many ranks (processes: gloo on "
+                            "CPU, NCCL with one GPU each on CUDA); see the README")
+        g.add_argument("--distributed-timeout", type=float, default=120.0,
+                       help="seconds a tensor-parallel step may wait for a rank before the "
+                            "engine declares it hung and stops")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

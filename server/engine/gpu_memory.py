@@ -92,8 +92,9 @@ def profile_step(model: torch.nn.Module, model_config: ModelConfig,
     hidden = model(inp.input_ids, inp.positions, inp.attn, cache.device_caches)
     rows = min(scheduler_config.max_num_seqs, num_tokens)
     logits = model.compute_logits(hidden[-rows:])
-    # The sampler's heaviest tensors: probabilities and a sorted copy (top-p / top-k).
-    torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
+    if logits is not None:  # under tensor parallelism only rank 0 gets logits and samples
+        # The sampler's heaviest tensors: probabilities and a sorted copy (top-p / top-k).
+        torch.softmax(logits, dim=-1).sort(dim=-1, descending=True)
     return cache.num_device_blocks * cache.bytes_per_block
 
 

@@ -17,13 +17,15 @@ from dataclasses import replace
 import torch
 
 from pagedserve.server.engine.beam_search import BeamState
-from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
+from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.parallel_info import ParallelInfo
+from pagedserve.server.engine.parallel_launcher import WorkerGroup
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
@@ -32,6 +34,7 @@ from pagedserve.server.engine.token_sampling import SampledBatch, SamplingPlan, 
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.parallel_layers import shard_config
 from pagedserve.server.models.tiny import resolve_model
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids
@@ -51,32 +54,41 @@ class LLMEngine:
                 raise ValueError(f"cpu_threads must be at least 1, got {args.cpu_threads}")
             torch.set_num_threads(args.cpu_threads)
         self.model_dir = resolve_model(args.model)
-        self.device = resolve_device(args.device)
+        self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
+        # Tensor parallelism: ranks 1..N-1 start here and load their shards meanwhile.
+        self.workers = WorkerGroup.start(args, self.model_dir)
+        self.device = self.workers.device
         # The device before the weights load: what gpu_memory_utilization is measured against.
         baseline = MemorySnapshot.of(self.device) if self.device.type == "cuda" else None
-        self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
         self.model, self.model_config = load_model(
-            self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend
+            self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend,
+            group=self.workers.group,
         )
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         if baseline is not None and self.cache_config.sized_by_memory_default:
-            memory = gpu_kv_cache_memory(self.model, self.model_config, self.scheduler_config,
-                                         self.cache_config.block_size,
-                                         args.gpu_memory_utilization, baseline)
+            # Every rank profiles its shard in step (the pass all-reduces); the least wins.
+            memory = self.workers.agree_kv_memory(
+                lambda: gpu_kv_cache_memory(
+                    self.model, shard_config(self.model_config, self.workers.size),
+                    self.scheduler_config, self.cache_config.block_size,
+                    args.gpu_memory_utilization, baseline),
+                self.scheduler_config, self.cache_config.block_size,
+                args.gpu_memory_utilization)
             self.cache_config = replace(self.cache_config, kv_cache_memory=memory)
         self.kv_cache = KVCache.create(
-            self.model_config, self.cache_config, self.max_model_len, self.model.dtype,
-            self.device, self.model.kernel_ops,
+            shard_config(self.model_config, self.workers.size), self.cache_config,
+            self.max_model_len, self.model.dtype, self.device, self.model.kernel_ops,
         )
+        self.workers.finish_startup(self.kv_cache)
         self.scheduler = Scheduler(
             self.scheduler_config, self.cache_config,
             num_device_blocks=self.kv_cache.num_device_blocks,
             num_cpu_blocks=self.kv_cache.num_cpu_blocks,
         )
-        self.runner = ModelRunner(self.model, self.kv_cache, self.cache_config.block_size,
-                                  self.device)
+        self.runner = self.workers.wrap(ModelRunner(
+            self.model, self.kv_cache, self.cache_config.block_size, self.device))
         # One sampler, seeded from --seed, so unseeded requests repeat on a fresh engine.
         self.sampler = TokenSampler(Sampler(seed=args.seed), self.model_config.vocab_size)
         self.outputs = OutputProcessor(self.tokenizer)
@@ -92,6 +104,22 @@ class LLMEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args)
+
+    def check_health(self) -> None:
+        """Raises WorkerFailedError once a tensor-parallel worker is known to be gone."""
+        self.workers.check_health()
+
+    def parallel_info(self) -> ParallelInfo:
+        return ParallelInfo(
+            tensor_parallel_size=self.workers.size,
+            kv_blocks_per_rank=self.kv_cache.num_device_blocks,
+            kv_bytes_per_rank=self.kv_cache.num_device_blocks * self.kv_cache.bytes_per_block,
+            cpu_kv_blocks_per_rank=self.kv_cache.num_cpu_blocks,
+        )
+
+    def shutdown(self) -> None:
+        """Stops the tensor-parallel workers, if any. Idempotent."""
+        self.workers.shutdown()
 
     def _max_model_len(self, requested: int | None) -> int:
         limit = self.model_config.max_model_len
@@ -126,6 +154,13 @@ class LLMEngine:
         if params.use_beam_search and params.stop:
             raise InvalidRequestError("stop strings are not supported with beam search",
                                       param="stop")
+        if n_prompt >= self.max_model_len:
+            # The prompt alone leaves no room: blame it, not a max_tokens the client may
+            # never have sent (the default fills in at least 1).
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, the prompt has {n_prompt} tokens, which leaves no room for a "
+                f"completion. Please reduce the prompt.", param="prompt")
         max_tokens = params.max_tokens or 0
         if n_prompt + max_tokens > self.max_model_len:
             raise InvalidRequestError(

@@ -2,7 +2,8 @@
 
 ``model(input_ids [T], positions [T], attn, kv_caches) -> hidden [T, hidden]`` runs the step's
 packed tokens; ``compute_logits(hidden [N, hidden]) -> float32 [N, vocab]`` runs only on the
-rows that sample. Callers run both under ``torch.inference_mode()``.
+rows that sample. Callers run both under ``torch.inference_mode()``. Under tensor parallelism
+every rank runs both on the same inputs; ``compute_logits`` returns None on ranks but 0.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from torch import nn
 from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.attention import AttentionMetadata
 from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.parallel_group import TensorParallelGroup
+from pagedserve.server.models.parallel_layers import ParallelLMHead, VocabParallelEmbedding
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -20,17 +23,20 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 class CausalLM(nn.Module):
     """Base class of the families. Subclasses set ``self.model`` (the decoder stack, called
     with the step's inputs) and ``self.lm_head`` after ``super().__init__``. Module names
-    follow the checkpoint's names, so most weights load by name."""
+    follow the checkpoint's names, so most weights load by name. ``group`` is the
+    tensor-parallel group this rank's shard belongs to (None: one rank holds everything)."""
 
     model: nn.Module
-    lm_head: nn.Linear
+    lm_head: ParallelLMHead
 
-    def __init__(self, config: ModelConfig, kernel_ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, kernel_ops: KernelOps,
+                 group: TensorParallelGroup | None = None) -> None:
         super().__init__()
         self.config = config
         self.kernel_ops = kernel_ops
+        self.group = group if group is not None else TensorParallelGroup()
 
-    def tie_embeddings(self, embed_tokens: nn.Embedding) -> None:
+    def tie_embeddings(self, embed_tokens: VocabParallelEmbedding) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = embed_tokens.weight
 
@@ -60,8 +66,8 @@ class CausalLM(nn.Module):
             )
         return self.model(input_ids, positions, attn, kv_caches)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        return self.lm_head(hidden)
 
     def map_checkpoint_name(self, name: str) -> str | None:
         """The parameter a checkpoint tensor loads into, or None to skip it."""

@@ -1,5 +1,5 @@
-"""Building blocks shared by the model families: norms, rotary embedding, packed projections,
-the gated MLP and activations."""
+"""Building blocks shared by the model families: norms, rotary embedding, the gated MLP and
+activations. The projections themselves are in ``parallel_layers``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.parallel_group import TensorParallelGroup
+from pagedserve.server.models.parallel_layers import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+)
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
@@ -45,25 +50,18 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-class MergedLinear(nn.Linear):
-    """One matmul for several checkpoint projections stacked along the output dim (vLLM's
-    packed modules): ``qkv_proj`` holds ``q_proj``, ``k_proj``, ``v_proj``. The loader reads
-    ``shards`` to place each checkpoint tensor in its rows."""
-
-    def __init__(self, in_features: int, shards: Mapping[str, int], bias: bool) -> None:
-        super().__init__(in_features, sum(shards.values()), bias=bias)
-        self.shards: tuple[tuple[str, int], ...] = tuple(shards.items())
-
-
 class GatedMLP(nn.Module):
-    """down(act(gate(x)) * up(x)): SwiGLU when the activation is SiLU."""
+    """down(act(gate(x)) * up(x)): SwiGLU when the activation is SiLU. gate and up are split
+    across ranks by columns, down by rows (one all-reduce)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool,
+                 group: TensorParallelGroup) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(
-            hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, bias
+        self.gate_up_proj = MergedColumnParallelLinear.even(
+            hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, bias,
+            group,
         )
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, group)
         self.act = get_activation(act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

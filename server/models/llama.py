@@ -9,31 +9,34 @@ from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.attention import AttentionMetadata, PagedAttention
 from pagedserve.server.models.base import CausalLM, KVCaches
 from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.layers import (
-    GatedMLP,
-    MergedLinear,
-    RMSNorm,
-    RotaryEmbedding,
-    apply_rotary,
+from pagedserve.server.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from pagedserve.server.models.parallel_group import TensorParallelGroup
+from pagedserve.server.models.parallel_layers import (
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    qkv_parallel_linear,
 )
 
 
 class LlamaAttention(nn.Module):
+    """This rank's query heads and KV head(s): QKV split by heads, o_proj by rows."""
+
     def __init__(
-        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool
+        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool,
+        group: TensorParallelGroup,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
         self.head_dim = d = config.head_dim
-        q_size, kv_size = self.num_heads * d, self.num_kv_heads * d
-        self.qkv_proj = MergedLinear(
-            config.hidden_size, {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size},
-            bias=qkv_bias,
+        self.qkv_proj = qkv_parallel_linear(
+            config.hidden_size, d, config.num_attention_heads, config.num_key_value_heads,
+            qkv_bias, group,
         )
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=o_bias)
+        self.sizes = self.qkv_proj.output_sizes
+        self.num_heads, self.num_kv_heads = self.sizes[0] // d, self.sizes[1] // d
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
+                                        o_bias, group)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, ops)
-        self.sizes = [q_size, kv_size, kv_size]
 
     def forward(
         self,
@@ -53,15 +56,16 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool
+        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool,
+        group: TensorParallelGroup,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.self_attn = LlamaAttention(config, ops, qkv_bias, o_bias)
+        self.self_attn = LlamaAttention(config, ops, qkv_bias, o_bias, group)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
         self.mlp = GatedMLP(
             config.hidden_size, config.intermediate_size, config.hidden_act,
-            bias=bool(config.hf_config.get("mlp_bias", False)),
+            bias=bool(config.hf_config.get("mlp_bias", False)), group=group,
         )
 
     def forward(
@@ -78,12 +82,13 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool
+        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool,
+        group: TensorParallelGroup,
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, ops, qkv_bias, o_bias)
+            LlamaDecoderLayer(config, ops, qkv_bias, o_bias, group)
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
@@ -104,11 +109,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(CausalLM):
-    def __init__(self, config: ModelConfig, kernel_ops: KernelOps) -> None:
-        super().__init__(config, kernel_ops)
+    def __init__(self, config: ModelConfig, kernel_ops: KernelOps,
+                 group: TensorParallelGroup | None = None) -> None:
+        super().__init__(config, kernel_ops, group)
         qkv_bias, o_bias = self.attention_biases(config)
-        self.model = LlamaModel(config, kernel_ops, qkv_bias, o_bias)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = LlamaModel(config, kernel_ops, qkv_bias, o_bias, self.group)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.group)
         self.tie_embeddings(self.model.embed_tokens)
 
     @staticmethod

@@ -17,6 +17,8 @@ from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
 from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.parallel_group import TensorParallelGroup
+from pagedserve.server.models.parallel_layers import check_tensor_parallel
 from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.weights import checkpoint_files, iterate_weights, load_weights
 
@@ -63,26 +65,32 @@ def load_model(
     kernel_ops: KernelOps | None = None,
     *,
     backend: str | None = None,
+    group: TensorParallelGroup | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
     """Loads a Hugging Face-format directory. Without ``kernel_ops`` the ops come from
-    ``get_kernel_ops(device, backend)`` (``backend=None``: $PAGEDSERVE_KERNEL_BACKEND)."""
+    ``get_kernel_ops(device, backend)`` (``backend=None``: $PAGEDSERVE_KERNEL_BACKEND). With a
+    tensor-parallel ``group`` only this rank's shard is read and held."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
     config = ModelConfig.from_pretrained(model_dir)
     model_class = get_model_class(config.architecture)
+    group = group if group is not None else TensorParallelGroup()
+    check_tensor_parallel(config, group.world_size)
     device = torch.device(device)
     run_dtype = resolve_dtype(dtype, config, device)
     ops = kernel_ops if kernel_ops is not None else get_kernel_ops(device, backend)
     with torch.device("meta"):
-        model = model_class(config, ops)
+        model = model_class(config, ops, group)
     materialize(model, run_dtype, device)
     load_weights(model, iterate_weights(checkpoint_files(model_dir)), str(model_dir))
     model.eval()
     if config.note:
         logger.warning("model %s: %s", model_dir, config.note)
     logger.info(
-        "loaded %s from %s: %s, %s, kernels %s",
+        "loaded %s from %s: %s, %s, kernels %s%s",
         config.architecture, model_dir, run_dtype, device, ops.name,
+        f", tensor-parallel rank {group.rank} of {group.world_size}" if group.world_size > 1
+        else "",
     )
     return model, config

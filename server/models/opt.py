@@ -14,7 +14,15 @@ from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.attention import AttentionMetadata, PagedAttention
 from pagedserve.server.models.base import CausalLM, KVCaches
 from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.layers import MergedLinear, get_activation
+from pagedserve.server.models.layers import get_activation
+from pagedserve.server.models.parallel_group import TensorParallelGroup
+from pagedserve.server.models.parallel_layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    qkv_parallel_linear,
+)
 
 # OPT's position table starts 2 rows in (rows 0-1 were reserved for padding in fairseq).
 POSITION_OFFSET = 2
@@ -26,15 +34,14 @@ def _layer_norm(config: ModelConfig, size: int) -> nn.LayerNorm:
 
 
 class OPTAttention(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps, bias: bool) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, bias: bool,
+                 group: TensorParallelGroup) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
+        heads = config.num_attention_heads
         self.head_dim = d = config.head_dim
-        size = self.num_heads * d
-        self.qkv_proj = MergedLinear(
-            config.hidden_size, {"q_proj": size, "k_proj": size, "v_proj": size}, bias=bias
-        )
-        self.out_proj = nn.Linear(size, config.hidden_size, bias=bias)
+        self.qkv_proj = qkv_parallel_linear(config.hidden_size, d, heads, heads, bias, group)
+        self.num_heads = self.qkv_proj.output_sizes[0] // d  # this rank's heads
+        self.out_proj = RowParallelLinear(heads * d, config.hidden_size, bias, group)
         self.attn = PagedAttention(self.num_heads, self.num_heads, d, d**-0.5, ops)
 
     def forward(
@@ -49,14 +56,15 @@ class OPTAttention(nn.Module):
 
 
 class OPTDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, group: TensorParallelGroup) -> None:
         super().__init__()
         bias = bool(config.hf_config.get("enable_bias", True))
         self.pre_norm = bool(config.hf_config.get("do_layer_norm_before", True))
-        self.self_attn = OPTAttention(config, ops, bias)
+        self.self_attn = OPTAttention(config, ops, bias, group)
         self.self_attn_layer_norm = _layer_norm(config, config.hidden_size)
-        self.fc1 = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.fc2 = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        hidden, ffn = config.hidden_size, config.intermediate_size
+        self.fc1 = ColumnParallelLinear(hidden, ffn, bias, group)
+        self.fc2 = RowParallelLinear(ffn, hidden, bias, group)
         self.final_layer_norm = _layer_norm(config, config.hidden_size)
         self.act = get_activation(config.hidden_act)
 
@@ -77,18 +85,19 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, group: TensorParallelGroup) -> None:
         super().__init__()
         hidden = config.hidden_size
         embed_dim = int(config.hf_config.get("word_embed_proj_dim") or hidden)
-        self.embed_tokens = nn.Embedding(config.vocab_size, embed_dim)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, embed_dim, group)
+        # Positions and the projections are small: every rank holds all of them.
         self.embed_positions = nn.Embedding(
             config.max_position_embeddings + POSITION_OFFSET, hidden
         )
         self.project_in = nn.Linear(embed_dim, hidden, bias=False) if embed_dim != hidden else None
         self.project_out = nn.Linear(hidden, embed_dim, bias=False) if embed_dim != hidden else None
         self.layers = nn.ModuleList(
-            OPTDecoderLayer(config, ops) for _ in range(config.num_hidden_layers)
+            OPTDecoderLayer(config, ops, group) for _ in range(config.num_hidden_layers)
         )
         keep_final = config.hf_config.get("do_layer_norm_before", True) and not (
             config.hf_config.get("_remove_final_layer_norm", False)
@@ -112,9 +121,9 @@ class OPTDecoder(nn.Module):
 
 
 class OPTModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, group: TensorParallelGroup) -> None:
         super().__init__()
-        self.decoder = OPTDecoder(config, ops)
+        self.decoder = OPTDecoder(config, ops, group)
 
     def forward(
         self,
@@ -127,14 +136,15 @@ class OPTModel(nn.Module):
 
 
 class OPTForCausalLM(CausalLM):
-    def __init__(self, config: ModelConfig, kernel_ops: KernelOps) -> None:
-        super().__init__(config, kernel_ops)
-        self.model = OPTModel(config, kernel_ops)
+    def __init__(self, config: ModelConfig, kernel_ops: KernelOps,
+                 group: TensorParallelGroup | None = None) -> None:
+        super().__init__(config, kernel_ops, group)
+        self.model = OPTModel(config, kernel_ops, self.group)
         embed_tokens = self.model.decoder.embed_tokens
-        self.lm_head = nn.Linear(embed_tokens.embedding_dim, config.vocab_size, bias=False)
+        self.lm_head = ParallelLMHead(config.vocab_size, embed_tokens.embedding_dim, self.group)
         self.tie_embeddings(embed_tokens)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         # project_out runs here, on the sampled rows only, rather than on every step token.
         project_out = self.model.decoder.project_out
         if project_out is not None:

@@ -1,13 +1,12 @@
 """Checkpoint tensors → model parameters: safetensors files (sharded through
 ``model.safetensors.index.json`` or not), and the placement of each tensor, packed
-projections included. A missing, unexpected, duplicated or misshapen weight is an error that
-names it."""
+projections and tensor-parallel shards included: a rank reads only its own part of each
+tensor. A missing, unexpected, duplicated or misshapen weight is an error that names it."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ from torch import nn
 
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.errors import ModelLoadError
-from pagedserve.server.models.layers import MergedLinear
+from pagedserve.server.models.weight_slot import TensorSource, WeightSlot, source_shape
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -43,31 +42,14 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iterate_weights(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, CPU tensor) for every tensor of every file, one tensor in memory at a time."""
+def iterate_weights(files: Iterable[Path]) -> Iterator[tuple[str, TensorSource]]:
+    """(name, unread slice) for every tensor of every file. The caller reads only the part it
+    needs (a tensor-parallel rank its shard) before asking for the next tensor: the file stays
+    open only until then."""
     for path in files:
         with safe_open(path, framework="pt", device="cpu") as handle:
             for name in handle.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
-                yield name, handle.get_tensor(name)
-
-
-@dataclass(slots=True)
-class WeightSlot:
-    """Rows ``start : start + rows`` of ``param`` (all of it when rows is None)."""
-
-    param: nn.Parameter
-    start: int = 0
-    rows: int | None = None
-
-    def shape(self) -> tuple[int, ...]:
-        full = tuple(self.param.shape)
-        return full if self.rows is None else (self.rows, *full[1:])
-
-    def load(self, tensor: torch.Tensor) -> None:
-        target = self.param.data
-        if self.rows is not None:
-            target = target[self.start : self.start + self.rows]
-        target.copy_(tensor)
+                yield name, handle.get_slice(name)
 
 
 def _join(*parts: str) -> str:
@@ -86,13 +68,10 @@ def weight_slots(model: nn.Module) -> tuple[dict[str, WeightSlot], set[str]]:
                 aliases.add(_join(module_name, param_name))
                 continue
             seen.add(id(param))
-            if not isinstance(module, MergedLinear):
+            if hasattr(module, "checkpoint_slots"):
+                slots.update(module.checkpoint_slots(module_name, param_name))
+            else:
                 slots[_join(module_name, param_name)] = WeightSlot(param)
-                continue
-            parent, start = module_name.rpartition(".")[0], 0
-            for shard, rows in module.shards:
-                slots[_join(parent, shard, param_name)] = WeightSlot(param, start, rows)
-                start += rows
     return slots, aliases
 
 
@@ -106,9 +85,10 @@ def _count(n: int, noun: str) -> str:
 
 
 def load_weights(
-    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor]], source: str
+    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor | TensorSource]], source: str
 ) -> None:
-    """Copies every checkpoint tensor into its slot (casting to the parameter's dtype)."""
+    """Copies every checkpoint tensor, or the part of it this rank holds, into its slot
+    (casting to the parameter's dtype)."""
     slots, aliases = weight_slots(model)
     architecture = type(model).__name__
     loaded: set[str] = set()
@@ -123,9 +103,10 @@ def load_weights(
             continue
         if target in loaded:
             raise ModelLoadError(f"checkpoint {source} holds weight {name!r} twice")
-        if tuple(tensor.shape) != slot.shape():
+        shape = source_shape(tensor)
+        if shape != slot.shape():
             raise ModelLoadError(
-                f"checkpoint {source} weight {name!r} has shape {list(tensor.shape)}, "
+                f"checkpoint {source} weight {name!r} has shape {list(shape)}, "
                 f"{architecture} expects {list(slot.shape())}"
             )
         slot.load(tensor)

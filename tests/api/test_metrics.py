@@ -33,6 +33,9 @@ GAUGES = {
     "pagedserve:kv_cache_total_tokens",
     "pagedserve:engine_healthy",
     "vllm:cache_config_info",
+    "pagedserve:tensor_parallel_size",
+    "pagedserve:kv_cache_blocks_per_rank",
+    "pagedserve:kv_cache_bytes_per_rank",
 }
 COUNTERS = {
     "vllm:prompt_tokens",
