@@ -50,6 +50,8 @@ def exponential_noise(
     noise = torch.empty(shape, dtype=torch.float32, device=device)
     if shared_generator is None:
         noise.fill_(1.0)
+    elif noise.device.type == "cpu":
+        _inverse_cdf_exponential(noise, shared_generator)
     else:
         noise.exponential_(generator=shared_generator)
     for row, seed in seeded_rows:
@@ -58,6 +60,13 @@ def exponential_noise(
         noise[row].exponential_(generator=generator)
     # A draw of exactly 0 would turn a zero probability into 0/0 = NaN, which argmax prefers.
     return noise.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+def _inverse_cdf_exponential(noise: torch.Tensor, generator: torch.Generator) -> None:
+    # Exp(1) as -log(1 - U) with U uniform on [0, 1): on CPU this is about 6x faster than
+    # ``exponential_`` (which draws and transforms one element at a time), and with 64 rows of
+    # an 8k vocabulary it was ~8 ms of every randomly sampled step on one core.
+    noise.uniform_(generator=generator).neg_().log1p_().neg_()
 
 
 def exponential_race(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:

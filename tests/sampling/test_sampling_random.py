@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
-from pagedserve.server.sampling.exponential_race import generator_seed
+from pagedserve.server.sampling.exponential_race import exponential_noise, generator_seed
 from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 32
@@ -175,3 +175,15 @@ def test_min_p_of_one_keeps_only_the_top_tokens() -> None:
     processed = Sampler(seed=0).process_logits(logits, SamplingMetadata.build(rows, 4, "cpu"))
     assert torch.isfinite(processed).tolist() == [[False, True, False, True],
                                                   [False, False, True, False]]
+
+
+def test_shared_cpu_noise_is_standard_exponential_and_never_zero() -> None:
+    generator = torch.Generator().manual_seed(3)
+    noise = exponential_noise((200, 1000), torch.device("cpu"), [], generator)
+    assert noise.min().item() > 0.0
+    # Exp(1): mean 1, variance 1, P(E > t) = exp(-t); 200k draws put each within ~1%.
+    assert abs(noise.mean().item() - 1.0) < 0.01
+    assert abs(noise.var().item() - 1.0) < 0.02
+    for t in (0.1, 1.0, 3.0):
+        tail = (noise > t).float().mean().item()
+        assert abs(tail - torch.exp(torch.tensor(-t)).item()) < 0.005
