@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -23,7 +24,8 @@ def apply_top_k_top_p(
     """Keep each row's ``top_k`` largest logits (ties at the k-th value kept), then the
     smallest set of the largest whose probability reaches ``top_p``; mask the rest to -inf."""
     # Ascending, as transformers sorts for top-p, so that the cumulative sums match its own.
-    sorted_logits, order = logits.sort(dim=-1)
+    order = _ascending_order(logits)
+    sorted_logits = logits.gather(1, order)
     if top_k is not None:
         kth_largest = sorted_logits.gather(1, (logits.size(1) - top_k).unsqueeze(1))
         sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, _MASKED)
@@ -36,6 +38,15 @@ def apply_top_k_top_p(
         drop[:, -1] = False
         sorted_logits = sorted_logits.masked_fill(drop, _MASKED)
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _ascending_order(logits: torch.Tensor) -> torch.Tensor:
+    """Column order that sorts each row ascending. On CPU numpy's SIMD quicksort is about 5x
+    faster than torch's sort at vocabulary widths; both are unstable, and the sorted values,
+    hence every cumulative sum, are the same."""
+    if logits.device.type != "cpu":
+        return logits.argsort(dim=-1)
+    return torch.from_numpy(np.argsort(logits.detach().contiguous().numpy(), axis=-1))
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
