@@ -3,13 +3,13 @@
 Builds the random-weight Llama of issue 15 (hidden 512, 8 layers, 8 heads, 4 KV heads,
 intermediate 1408, vocab 8192, float32) and runs a decode-heavy batch (64 prompts x 128 in,
 64 out) greedy and sampled (temperature 0.8, top_p 0.9). The engine's step time is split into
-the forward (``ModelRunner.execute`` + ``compute_logits``) and everything else, over the
-decode-only steps: scheduling,
-input packing, sampling, output processing.
+the forward (``ModelRunner.execute`` + ``compute_logits``) and everything else (scheduling,
+input packing, sampling, output processing), over the decode-only steps.
 
 ``--baseline DIR`` also runs the code of the checkout at DIR (its folders imported as
 ``pagedserve.*``) in alternating subprocesses, so both are measured side by side under the
-same machine load; ``--profile`` prints the top self-time functions outside the forward.
+same machine load, each with ``--threads`` torch threads (1 by default, steady on a shared
+machine); ``--profile`` prints the top self-time functions outside the forward.
 Last line: one JSON object.
 """
 
@@ -127,14 +127,17 @@ class CheckoutFinder(importlib.abc.MetaPathFinder):
 
 
 def child(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.src:
         sys.meta_path.insert(0, CheckoutFinder(Path(args.src)))
     result = run_once(args.model_dir, args.sampled, args.profile)
     print(json.dumps(result))
 
 
-def spawn(model_dir: str, src: str | None, sampled: bool) -> dict:
-    cmd = [sys.executable, __file__, "--child", "--model-dir", model_dir]
+def spawn(model_dir: str, src: str | None, sampled: bool, threads: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", "--model-dir", model_dir,
+           "--threads", str(threads)]
     cmd += ["--src", src] if src else []
     cmd += ["--sampled"] if sampled else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -146,8 +149,8 @@ def compare(args: argparse.Namespace, model_dir: str) -> dict:
     for sampled in (False, True):
         runs: dict[str, list[dict]] = {"baseline": [], "current": []}
         for _ in range(args.repeats):
-            runs["baseline"].append(spawn(model_dir, args.baseline, sampled))
-            runs["current"].append(spawn(model_dir, None, sampled))
+            runs["baseline"].append(spawn(model_dir, args.baseline, sampled, args.threads))
+            runs["current"].append(spawn(model_dir, None, sampled, args.threads))
         best = {k: min(v, key=lambda r: r["wall_s"]) for k, v in runs.items()}
         name = "sampled" if sampled else "greedy"
         for k, r in best.items():
@@ -164,6 +167,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--baseline", help="root of another checkout to compare with")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (0: torch's default); on a machine shared with other "
+                             "jobs, more threads than idle cores make the forward erratic")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sampled", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -175,14 +181,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_checkpoint(Path(tmp)))
         if args.profile:
+            if args.threads:
+                torch.set_num_threads(args.threads)
             print(json.dumps(run_once(model_dir, args.sampled, profile=True)))
             return
-        result = {"load": os.getloadavg()[0]}
+        result = {"load": os.getloadavg()[0], "threads": args.threads}
         if args.baseline:
             result.update(compare(args, model_dir))
         else:
-            result.update({"greedy": spawn(model_dir, None, False),
-                           "sampled": spawn(model_dir, None, True)})
+            result.update({"greedy": spawn(model_dir, None, False, args.threads),
+                           "sampled": spawn(model_dir, None, True, args.threads)})
         print(json.dumps(result))
 
 
