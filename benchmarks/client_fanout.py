@@ -1,9 +1,10 @@
-"""Client fan-out: five ways to send the same prompts to one live pagedserve server.
+"""Client fan-out: what the batch runner gets out of a server, local and API-like.
 
-    python benchmarks/client_fanout.py [--quick] [--model tiny] [--base-url URL]
+    python benchmarks/client_fanout.py [--quick] [--model tiny] [--base-url URL] [--no-api]
 
-Starts ``pagedserve serve --model MODEL`` on a free port (unless ``--base-url`` names a running
-server), waits for ``GET /health``, then runs, in one process and against the same server:
+Part 1, a local server. Starts ``pagedserve serve --model MODEL`` on a free port (unless
+``--base-url`` names a running server), waits for ``GET /health``, then sends the same prompts
+five ways, in one process and against the same server:
 
   sequential   one request at a time
   gather       every request at once (unbounded ``asyncio.gather``)
@@ -11,11 +12,23 @@ server), waits for ``GET /health``, then runs, in one process and against the sa
   batch_fixed  ``BatchRunner`` with a fixed in-flight budget (the server's KV token capacity)
   batch_auto   ``BatchRunner`` with the adaptive budget that follows the load hints
 
-For each it reports wall time, generated tokens per second, errors, lost requests (those
-without exactly one answer) and the server's preemptions during the mode (from
-``GET /load``). The last line is JSON with ``speedup_vs_sequential`` for the two batch modes
-and ``errors`` and ``lost`` per mode. Ratios are what this measures; absolute numbers mean
-something only on the hardware they came from.
+Against a local server on a few cores the speedup over sequential calls is capped by how well
+the server batches, whatever the client does; so each mode is reported as *saturation*, its
+share of the best unbudgeted fan-out's throughput (``gather`` or ``openai_sem32``), with wall
+time, errors, lost requests (those without exactly one answer) and the server's preemptions.
+
+Part 2, the setting the budgeted runner is for: an API-like server (``api_like_server.py``:
+fixed latency per request, a tokens-per-minute limit answered with 429 and Retry-After). The
+same token-id prompts go sequentially (a prefix of them, enough to time one call) and through
+the runner twice: told the TPM limit (``--tpm``, the headline) and not told it (only 429s
+and Retry-After pace it). Reported: the speedup over sequential calls in tokens per second,
+the share of the TPM limit used (tokens sent over the most the limit admits in the run's wall
+time, its one-second burst included), 429s, failed and lost items.
+
+The last line is JSON: ``saturation`` per local mode, ``speedup_vs_sequential`` for the two
+local batch modes, and under ``api``, ``speedup_vs_sequential``, ``tpm_share``, ``failed`` and
+``lost`` for the runner. Ratios are what this measures; absolute numbers mean something only
+on the hardware they came from.
 """
 
 from __future__ import annotations
@@ -38,6 +51,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
+from fanout_api import run_api
 
 from pagedserve.client import (
     AsyncClient,
@@ -107,11 +121,12 @@ async def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, limit_
 
 
 @contextlib.contextmanager
-def running_server(model: str, port: int, extra: list[str], log: Path):
+def running_server(model: str, port: int, extra: list[str], log: Path,
+                   env: dict[str, str] | None = None):
     command = [sys.executable, "-m", "pagedserve.server.cli.main", "serve",
                "--model", model, "--port", str(port), *extra]
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         yield process
     finally:
@@ -240,10 +255,15 @@ async def run_modes(args: argparse.Namespace, url: str) -> dict[str, ModeResult]
 
 def summary_line(args: argparse.Namespace, results: dict[str, ModeResult]) -> dict[str, Any]:
     base = results["sequential"].wall_s
+    best = max(results["gather"].tokens_per_s, results["openai_sem32"].tokens_per_s)
+    saturation = {k: v.tokens_per_s / best for k, v in results.items()}
+    print("saturation (share of the best unbudgeted fan-out): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in saturation.items()), flush=True)
     return {
         "prompts": args.prompts,
         "max_tokens": args.max_tokens,
         "modes": {k: {**asdict(v), "tokens_per_s": v.tokens_per_s} for k, v in results.items()},
+        "saturation": saturation,
         "speedup_vs_sequential": {k: base / results[k].wall_s
                                   for k in ("batch_fixed", "batch_auto")},
         "errors": {k: v.errors for k, v in results.items()},
@@ -265,21 +285,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--startup-timeout", type=float, default=600.0)
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra argument for `pagedserve serve` (repeatable)")
+    parser.add_argument("--no-local", action="store_true", help="skip part 1")
+    parser.add_argument("--no-api", action="store_true", help="skip part 2")
+    parser.add_argument("--api-latency", type=float, default=0.25,
+                        help="seconds each API-like request takes")
+    parser.add_argument("--api-tpm", type=float, default=600_000,
+                        help="the API-like server's tokens-per-minute limit")
+    parser.add_argument("--api-requests", type=int, default=1500)
+    parser.add_argument("--api-sequential", type=int, default=40,
+                        help="how many of them to time one at a time")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.max_tokens = 40, 16
+        args.api_requests, args.api_sequential = 400, 16
     return args
 
 
-async def _main(args: argparse.Namespace, url: str, process) -> dict[str, Any]:
-    await wait_healthy(url, process, args.startup_timeout)
-    return summary_line(args, await run_modes(args, url))
+async def _main(args: argparse.Namespace, url: str | None, process) -> dict[str, Any]:
+    line: dict[str, Any] = {}
+    if url is not None:
+        await wait_healthy(url, process, args.startup_timeout)
+        line = summary_line(args, await run_modes(args, url))
+    if not args.no_api:
+        line["api"] = await run_api(args.api_latency, args.api_tpm, args.api_requests,
+                                    args.api_sequential)
+    line["load_average"] = os.getloadavg()[0]
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.base_url:
-        print(json.dumps(asyncio.run(_main(args, args.base_url.rstrip("/"), None))))
+    if args.base_url or args.no_local:
+        url = None if args.no_local else args.base_url.rstrip("/")
+        print(json.dumps(asyncio.run(_main(args, url, None))))
         return 0
     port = free_port()
     log = Path(tempfile.gettempdir()) / f"client_fanout_server_{os.getpid()}.log"

@@ -52,6 +52,7 @@ def build_checkpoint(directory: Path, hidden: int, layers: int, vocab: int) -> P
 def run_pagedserve(model_dir: Path, work: list[tuple[list[int], int]], policy: str,
                    num_kv_blocks: int, max_model_len: int, max_num_seqs: int) -> dict:
     from pagedserve.server import LLM, SamplingParams
+    from pagedserve.server.engine.step_timing import add_phases
 
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
               num_kv_blocks=num_kv_blocks, block_size=16, max_model_len=max_model_len,
@@ -59,12 +60,19 @@ def run_pagedserve(model_dir: Path, work: list[tuple[list[int], int]], policy: s
     prompts = [{"prompt_token_ids": ids} for ids, _ in work]
     params = [SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True) for _, out in work]
     running: list[int] = []
-    llm.engine.add_step_observer(lambda stats: running.append(stats.num_running))
+    phases: dict[str, float] = {}
+
+    def observe(stats) -> None:
+        running.append(stats.num_running)
+        add_phases(phases, stats.phase_seconds)
+
+    llm.engine.add_step_observer(observe)
     start = time.perf_counter()
     results = llm.generate(prompts, params)
     elapsed = time.perf_counter() - start
     tokens = sum(len(r.outputs[0].token_ids) for r in results)
     return {"tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens,
+            "step_phase_share": {k: round(v / elapsed, 3) for k, v in phases.items()},
             "mean_running": float(np.mean(running)) if running else 0.0,
             "max_running": max(running, default=0),
             "preemptions": llm.engine.stats().num_preemptions}
@@ -122,6 +130,8 @@ def main() -> None:
           f"{contiguous['seconds']:>10.1f}{contiguous['mean_running']:>12.1f}")
     print(f"{'transformers generate':<28}{hf['tok_s']:>10.1f}{hf['seconds']:>10.1f}"
           f"{hf_batch:>12d}")
+    print("pagedserve (paged) step time: " + ", ".join(
+        f"{k} {v:.0%}" for k, v in paged["step_phase_share"].items()))
     print(json.dumps({
         "pagedserve_tok_s": round(paged["tok_s"], 2),
         "hf_generate_tok_s": round(hf["tok_s"], 2),
@@ -130,6 +140,7 @@ def main() -> None:
         "ratio_vs_contiguous": round(paged["tok_s"] / contiguous["tok_s"], 3),
         "num_requests": n, "hf_batch_size": hf_batch, "num_kv_blocks": num_kv_blocks,
         "threads": torch.get_num_threads(),
+        "step_phase_share": paged["step_phase_share"],
     }))
 
 

@@ -1,165 +1,354 @@
-"""Adaptive in-flight budget: additive increase, multiplicative decrease (as TCP's window).
+"""Adaptive in-flight budget: run a server at its throughput peak, short of its memory limit.
 
-Against a pagedserve server the goal is a KV cache that stays full without preemption. Each
-completed request grows the budget by ``increase_per_window × tokens / capacity``, so a full
-budget's worth of completed work adds ``increase_per_window`` tokens, while the server says
-there is room (KV usage under ``kv_usage_high``, no more than ``waiting_high`` requests
-queued). A 429, a rise in the server's preemption count or a queue growing past
-``waiting_high`` multiplies the budget by ``decrease_factor``.
+Two limits move, per endpoint:
 
-Signals come back late: requests sent under the old, larger budget keep reporting congestion
-after the cut. So each decrease starts a new epoch, a request remembers the epoch it was sent
-in, and only a request sent in the current epoch can cut again, once per window as in TCP.
-Without load hints (another server) only 429s move the budget, which then never grows past
-its starting size.
+- the **window**, the requests in flight (``TokenBudget.max_concurrency``), is where the
+  throughput is: ``StepCurve`` fits the server's step time against its running count and
+  names the concurrency of most tokens per second. The window doubles while doubling pays (a
+  start-up, left after two doublings that gained under a quarter, as BBR leaves its own), then
+  grows a quarter at a time; each growth waits until the server runs the new window and the
+  curve has samples there. It settles at the fitted peak only once both the fit and the
+  samples themselves show the throughput a quarter lower well past it (noise fits false
+  summits, and stopping short costs more than going a little past), descending in steps when
+  the peak lies below what was measured lately. Samples alone showing such a fall stop any
+  growth. A queue on the server (its own batch limit) pulls the window back to what runs plus
+  a small refill margin.
+- the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
+  every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
+  preempt. The capacity grows past the KV size only on evidence that reservations overstate
+  what the cache will hold: answers that stop well short of ``max_tokens``, or a cache
+  holding under ``_SHARED_KV_SHARE`` of what is reserved (prompts sharing a cached prefix),
+  while the reservations bind and the cache stays under ``kv_usage_low``; at most once per
+  request round trip, since the cache fills as answers grow. Above ``kv_usage_high`` it
+  shrinks back *before* the cache runs out.
+
+A rise in the server's preemption count or a 429 cuts the window by ``decrease_factor``, once
+per interval (requests sent before a cut keep reporting the old congestion). With a
+``LatencyTarget`` the window also stays under the cap of a ``LatencyGuard``. Without load hints
+(another server) only 429s move the window, and successes grow it back by one request per
+window's worth of answers, up to where it started.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections import deque
 from dataclasses import dataclass
 
+from pagedserve.client.adaptive_plan import (
+    KV_SAFE_SHARE,
+    AdaptiveConfig,
+    BudgetPlan,
+    plan_budget,
+)
 from pagedserve.client.budget import TokenBudget
-from pagedserve.client.types import ServerLoad
+from pagedserve.client.latency_target import LatencyGuard, estimate_latency_ms
+from pagedserve.client.peak import StepCurve
 from pagedserve.common.load_hints import LoadHints
 
-# How far past the KV cache the budget may grow: reservations count max_tokens for every
-# request, while most stop early, so the cache fills at well below the reserved total.
-OVERCOMMIT_LIMIT = 4
+__all__ = ["AdaptiveBudget", "AdaptiveConfig", "BudgetPlan", "plan_budget"]
+
+logger = logging.getLogger(__name__)
 _HISTORY = 1024
+_STARTUP_GROWTH = 2.0
+_PROBE_GROWTH = 1.25
+# The window above the peak: answers on their way back and requests on their way out leave
+# the batch short for a moment, and a few queued requests refill it at once.
+_PEAK_MARGIN = 0.05
+_PEAK_MARGIN_MIN = 2
+_PEAK_DECLINE = 0.25
+_REACHED = 0.9
+_BOTH_SIDES = 1.1
+_STARTUP_EXIT = 2
+_DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
+_OVERCOMMIT_GROWTH = 1.25
+_EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
+_SHARED_KV_SHARE = 0.4
+_MIN_FINISHED = 16  # answers seen before reservations may be judged against real use
+_SMOOTHING = 0.1
+_KV_BACKOFF = 0.85
 
 
 @dataclass(slots=True)
-class AdaptiveConfig:
-    """Knobs of the controller; None means "derive from the server's /load"."""
+class _Interval:
+    """What the hints said since the last decision."""
 
-    initial_tokens: int | None = None
-    min_tokens: int | None = None
-    max_tokens: int | None = None
-    increase_per_window: int | None = None
-    decrease_factor: float = 0.5
-    kv_usage_high: float = 0.95
-    waiting_high: int | None = None
+    samples: int = 0
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_peak: float = 0.0
+    kv_per_reserved: float = 0.0  # the most KV held per reserved token
+    window_full: bool = False
+    tokens_full: bool = False
 
-    def __post_init__(self) -> None:
-        if not 0.0 < self.decrease_factor < 1.0:
-            raise ValueError(f"decrease_factor must be in (0, 1), got {self.decrease_factor}")
-        if not 0.0 < self.kv_usage_high <= 1.0:
-            raise ValueError(f"kv_usage_high must be in (0, 1], got {self.kv_usage_high}")
-        for name in ("initial_tokens", "min_tokens", "max_tokens", "increase_per_window"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        if self.waiting_high is not None and self.waiting_high < 0:
-            raise ValueError(f"waiting_high must be at least 0, got {self.waiting_high}")
-
-
-@dataclass(slots=True, frozen=True)
-class BudgetPlan:
-    """Starting point and bounds of an adaptive budget for one server."""
-
-    initial_tokens: int
-    min_tokens: int
-    max_tokens: int
-    max_concurrency: int | None
-    increase_per_window: int
-    waiting_high: int | None
-
-
-def plan_budget(
-    config: AdaptiveConfig,
-    load: ServerLoad | None,
-    fallback_tokens: int,
-    max_concurrency: int | None,
-) -> BudgetPlan:
-    """Bounds from the server's ``/load`` where it has one, else a fixed ``fallback_tokens``."""
-    kv_tokens = load.total_kv_tokens if load is not None else None
-    initial = config.initial_tokens or kv_tokens or fallback_tokens
-    ceiling = config.max_tokens or (OVERCOMMIT_LIMIT * kv_tokens if kv_tokens else initial)
-    initial = min(initial, ceiling)
-    floor = min(config.min_tokens or max(1, initial // 16), initial)
-    if max_concurrency is None and load is not None and load.max_num_seqs:
-        max_concurrency = 2 * load.max_num_seqs  # one batch running, the next one queued
-    waiting_high = config.waiting_high
-    if waiting_high is None and load is not None and load.max_num_seqs:
-        waiting_high = max(1, load.max_num_seqs // 4)
-    return BudgetPlan(
-        initial_tokens=initial,
-        min_tokens=floor,
-        max_tokens=ceiling,
-        max_concurrency=max_concurrency,
-        increase_per_window=config.increase_per_window or max(1, initial // 8),
-        waiting_high=waiting_high,
-    )
+    def add(self, hints: LoadHints, window_full: bool, tokens_full: bool,
+            kv_per_reserved: float) -> None:
+        self.samples += 1
+        self.running += hints.num_running
+        self.waiting += hints.num_waiting
+        self.kv_peak = max(self.kv_peak, hints.kv_cache_usage)
+        self.kv_per_reserved = max(self.kv_per_reserved, kv_per_reserved)
+        self.window_full |= window_full
+        self.tokens_full |= tokens_full
 
 
 class AdaptiveBudget:
-    """Moves one ``TokenBudget``'s capacity between the plan's bounds."""
+    """Moves one ``TokenBudget``'s window and token capacity between the plan's bounds."""
 
-    def __init__(self, budget: TokenBudget, plan: BudgetPlan, config: AdaptiveConfig) -> None:
+    def __init__(
+        self,
+        budget: TokenBudget,
+        plan: BudgetPlan,
+        config: AdaptiveConfig,
+        now: float = 0.0,
+    ) -> None:
         self.budget = budget
         self.plan = plan
         self.config = config
         self.epoch = 0
-        self.history: deque[tuple[str, int]] = deque([("start", budget.capacity)], _HISTORY)
-        self._credit = 0.0
-        self._preemptions_seen: int | None = None
-        self._last_waiting = 0
+        self.window = float(plan.initial_concurrency)
+        self.kv_factor = budget.capacity / plan.kv_tokens if plan.kv_tokens else 1.0
+        self.curve = StepCurve(config.memory_s)
+        self.latency = LatencyGuard(config.target) if config.target is not None else None
+        self.history: deque[tuple[str, int, int]] = deque(maxlen=_HISTORY)
+        self.history.append(("start", self.concurrency, budget.capacity))
+        self._interval = _Interval()
+        self._next_decision = now + config.interval_s
+        self._cut_until = -math.inf
+        self._preemptions: int | None = None
+        self._found_peak = False
+        self._small_gains = 0
+        self._used_share = 1.0  # smoothed used / reserved tokens of finished requests
+        self._finished = 0
+        self._round_trip_s = config.interval_s  # smoothed time from send to answer
+        self._next_overcommit = now
+        self._settle_until = now
+        budget.max_concurrency = self.concurrency
 
     @property
     def capacity(self) -> int:
         return self.budget.capacity
 
-    def on_success(self, sent_epoch: int, tokens: int, hints: LoadHints | None) -> None:
-        """A request sent in ``sent_epoch`` finished, holding ``tokens``; ``hints`` came with
-        its answer (None from servers that send none)."""
+    @property
+    def concurrency(self) -> int:
+        return max(1, int(self.window))
+
+    # -- signals -------------------------------------------------------------------------
+
+    def observe(self, hints: LoadHints, now: float) -> None:
+        """A load sample (a response's headers or a ``GET /load``) taken at ``now``."""
+        # Right after the window grew, the steps prefill the requests it let in: they say
+        # what a burst of arrivals costs, not what that many running sequences cost.
+        settled = now >= self._settle_until
+        if settled and hints.step_ms is not None and self.curve.observe(
+                hints.num_running, hints.step_ms, now):
+            # Explore the moved curve from where it now runs, in probing steps: a start-up's
+            # doubling from a window already sized for a server is too coarse.
+            self._found_peak = True
+            self.history.append(("shift", self.concurrency, self.budget.capacity))
+        budget = self.budget
+        held = hints.kv_cache_usage * (self.plan.kv_tokens or 0)
+        self._interval.add(
+            hints,
+            window_full=budget.in_flight_requests >= self.concurrency,
+            tokens_full=budget.in_flight_tokens >= 0.85 * budget.capacity,
+            kv_per_reserved=held / budget.in_flight_tokens if budget.in_flight_tokens else 0.0,
+        )
+        previous, self._preemptions = self._preemptions, hints.num_preemptions
+        if previous is not None and hints.num_preemptions > previous:
+            self._cut(now, "preemption")
+        elif hints.kv_cache_usage >= self.config.kv_usage_high and self.kv_factor > KV_SAFE_SHARE:
+            self._kv_backoff(hints, now)
+        if now >= self._next_decision:
+            self._decide(now)
+
+    def on_success(
+        self,
+        sent_epoch: int,
+        tokens: int,
+        hints: LoadHints | None,
+        *,
+        now: float | None = None,
+        sent_at: float | None = None,
+        completion_tokens: int | None = None,
+        used_tokens: int | None = None,
+    ) -> None:
+        """A request sent in ``sent_epoch`` (at ``sent_at``) finished, holding ``tokens`` and
+        using ``used_tokens``; ``hints`` came with its answer (None from servers that send
+        none)."""
+        self._finished += 1
+        if used_tokens is not None and tokens > 0:
+            self._used_share += _SMOOTHING * (min(1.0, used_tokens / tokens) - self._used_share)
+        if now is not None and sent_at is not None:
+            self._round_trip_s += _SMOOTHING * (now - sent_at - self._round_trip_s)
         if hints is None:
-            self._grow(tokens)
+            if sent_epoch == self.epoch and self.window < self.plan.initial_concurrency:
+                self._set(self.window + 1.0 / max(self.window, 1.0), "increase")
             return
-        reason = self._congestion(hints)
-        if reason is not None:
-            self._cut(sent_epoch, reason)
-        elif not self._server_full(hints):
-            self._grow(tokens)
+        if now is None:
+            return
+        if self.latency is not None and sent_at is not None and completion_tokens:
+            metric = self.latency.target.metric
+            self.latency.record(sent_at, estimate_latency_ms(
+                metric, now - sent_at, completion_tokens, hints.step_ms))
+        self.observe(hints, now)
 
-    def on_rate_limited(self, sent_epoch: int) -> None:
+    def on_rate_limited(self, sent_epoch: int, now: float | None = None) -> None:
         """The server answered 429 to a request sent in ``sent_epoch``."""
-        self._cut(sent_epoch, "rate-limited")
-
-    def _congestion(self, hints: LoadHints) -> str | None:
-        previous_preemptions, previous_waiting = self._preemptions_seen, self._last_waiting
-        self._preemptions_seen = max(previous_preemptions or 0, hints.num_preemptions)
-        self._last_waiting = hints.num_waiting
-        if previous_preemptions is not None and hints.num_preemptions > previous_preemptions:
-            return "preemption"
-        high = self.plan.waiting_high
-        if high is not None and hints.num_waiting > high and hints.num_waiting > previous_waiting:
-            return "queue"
-        return None
-
-    def _server_full(self, hints: LoadHints) -> bool:
-        high = self.plan.waiting_high
-        queued = high is not None and hints.num_waiting > high
-        return queued or hints.kv_cache_usage >= self.config.kv_usage_high
-
-    def _grow(self, tokens: int) -> None:
-        if self.capacity >= self.plan.max_tokens:
-            return
-        self._credit += self.plan.increase_per_window * tokens / self.capacity
-        step = int(self._credit)
-        if step:
-            self._credit -= step
-            self._resize(self.capacity + step, "increase")
-
-    def _cut(self, sent_epoch: int, reason: str) -> None:
         if sent_epoch < self.epoch:
             return
-        self.epoch += 1
-        self._credit = 0.0
-        self._resize(int(self.capacity * self.config.decrease_factor), reason)
+        self._cut(now, "rate-limited", force=True)
 
-    def _resize(self, capacity: int, reason: str) -> None:
-        bounded = max(self.plan.min_tokens, min(capacity, self.plan.max_tokens))
-        if bounded != self.capacity:
-            self.budget.resize(bounded)
-            self.history.append((reason, bounded))
+    @property
+    def target_unreachable(self) -> bool:
+        return self.latency is not None and self.latency.unreachable
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def _decide(self, now: float) -> None:
+        interval, self._interval = self._interval, _Interval()
+        self._next_decision = now + self.config.interval_s
+        if interval.samples == 0:
+            return
+        running = interval.running / interval.samples
+        waiting = interval.waiting / interval.samples
+        self._tune_tokens(interval, now)
+        window, reason = self._window_for(interval, running, waiting, now)
+        if self.latency is not None:
+            was_unreachable = self.latency.unreachable
+            self.latency.update(running, 1, now)
+            if self.latency.unreachable and not was_unreachable:
+                logger.warning("latency target cannot be met at any budget: %s with one "
+                               "request in flight", self.latency.describe())
+            if window > self.latency.cap:
+                window, reason = self.latency.cap, "latency"
+        if now >= self._cut_until or window < self.window:
+            if int(window) > self.concurrency:
+                self._settle_until = now + self.config.interval_s
+            self._set(window, reason)
+
+    def _window_for(
+        self, interval: _Interval, running: float, waiting: float, now: float
+    ) -> tuple[float, str]:
+        if waiting > self.plan.waiting_high:
+            # The server runs what it can (its batch or KV limit); more only queues there.
+            return running + self.plan.waiting_high, "queue"
+        peak = self.curve.peak(now, self.plan.max_concurrency)
+        top = max((n for n, _, _ in self.curve.fit_points(now)), default=0)
+        # A peak counts once the curve has been seen well past it and falling there: noise
+        # over a few running counts fits a false summit, and stopping short of the real one
+        # costs far more throughput than going a little past it.
+        explored = (peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
+                    and peak.decline >= _PEAK_DECLINE and self._measured_decline(now, top))
+        self._found_peak |= explored
+        collapse = self._collapse(now)
+        if not explored and collapse is not None:
+            # Too few points for a fit to confirm, but the measurements alone show the top
+            # making a quarter less than a smaller batch did: never grow into that.
+            return min(self.window, collapse), "descend"
+        if not explored:
+            if not interval.window_full or top < _REACHED * self.window or not (
+                    _REACHED * self.window <= running <= self.window + 1):
+                # The window did not limit the load, the server has yet to run what it
+                # allows (or the curve to see it), or it still drains from a larger window:
+                # nothing to learn by growing.
+                return self.window, "hold"
+            # BBR leaves its start-up after three rounds without a quarter more bandwidth;
+            # on a noisy machine two doublings that paid little are evidence enough.
+            self._small_gains = self._small_gains + 1 if self._doubling_pays_little(
+                now, top) else 0
+            self._found_peak |= self._small_gains >= _STARTUP_EXIT
+            growth = _PROBE_GROWTH if self._found_peak else _STARTUP_GROWTH
+            return self.window * growth, "probe" if self._found_peak else "startup"
+        assert peak is not None
+        bottom = min(n for n, _, _ in self.curve.fit_points(now))
+        if peak.concurrency <= _BOTH_SIDES * bottom:
+            # The fit puts the peak at or below the least measured lately, where it is an
+            # extrapolation: step under both, so that the running count drops and the fit
+            # gets data on both sides of the peak.
+            step_down = min(float(peak.concurrency), _DESCENT * bottom, bottom - 1)
+            return min(self.window, max(step_down, _DESCENT * _DESCENT * bottom)), "descend"
+        margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
+        return peak.concurrency + margin, "peak"
+
+    def _gain(self, now: float, top: float, ratio: float) -> float | None:
+        """Measured throughput at the top of the curve over that at ``ratio × top``; None
+        unless both are known and apart."""
+        high = self.curve.measured_tokens_per_s(now, top)
+        low = self.curve.measured_tokens_per_s(now, ratio * top)
+        if high is None or low is None or not low[0] <= 1.2 * ratio * top < high[0]:
+            return None  # nothing measured near enough to ``ratio × top``
+        return high[1] / low[1]
+
+    def _collapse(self, now: float) -> float | None:
+        """The best measured running count when the top measures ``_PEAK_DECLINE`` under it."""
+        points = self.curve.fit_points(now)
+        if len(points) < 3:
+            return None
+        rates = [(n / step, n) for n, step, _ in points]
+        best_rate, best_n = max(rates)
+        if rates[-1][0] > (1.0 - _PEAK_DECLINE) * best_rate:
+            return None
+        return best_n + max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * best_n)
+
+    def _measured_decline(self, now: float, top: float) -> bool:
+        """The buckets themselves, not only the fit, make less at the top than somewhere
+        below it: a fit through four or more points can still bend on noise."""
+        points = self.curve.fit_points(now)
+        if len(points) < 4:
+            return False
+        rates = [n / step for n, step, _ in points]
+        return rates[-1] <= (1.0 - _PEAK_DECLINE) * max(rates)
+
+    def _doubling_pays_little(self, now: float, top: float) -> bool:
+        """True when the last doubling of the running count gained under a quarter more
+        throughput (BBR's test for leaving its start-up): grow in smaller steps from here."""
+        gain = self._gain(now, top, 0.5)
+        return gain is not None and gain < 1.25
+
+    def _tune_tokens(self, interval: _Interval, now: float) -> None:
+        """Grow the token capacity past the KV size where reservations overstate the cache."""
+        if (self.plan.kv_tokens is None or now < self._next_overcommit
+                or self._finished < _MIN_FINISHED):
+            return
+        overstated = (self._used_share < _EARLY_STOP_SHARE
+                      or interval.kv_per_reserved < _SHARED_KV_SHARE)
+        if overstated and interval.tokens_full and interval.kv_peak < self.config.kv_usage_low:
+            self._next_overcommit = now + max(self.config.interval_s, self._round_trip_s)
+            self._set_tokens(self.kv_factor * _OVERCOMMIT_GROWTH, "overcommit")
+
+    def _kv_backoff(self, hints: LoadHints, now: float) -> None:
+        if now < self._cut_until:
+            return
+        self._cut_until = now + self.config.interval_s
+        self._set_tokens(max(KV_SAFE_SHARE, self.kv_factor * _KV_BACKOFF), "kv-headroom")
+        self._set(min(self.window, max(1.0, float(hints.num_running))), "kv-headroom")
+
+    def _cut(self, now: float | None, reason: str, force: bool = False) -> None:
+        if now is not None and now < self._cut_until and not force:
+            return
+        self.epoch += 1
+        if now is not None:
+            self._cut_until = now + 2 * self.config.interval_s
+        self._set(self.window * self.config.decrease_factor, reason)
+        if reason == "preemption" and self.plan.kv_tokens is not None:
+            self._set_tokens(min(self.kv_factor, 1.0) * KV_SAFE_SHARE, reason)
+
+    def _set(self, window: float, reason: str) -> None:
+        window = max(1.0, min(window, float(self.plan.max_concurrency)))
+        before = self.concurrency
+        self.window = window
+        if self.concurrency != before:
+            self.budget.max_concurrency = self.concurrency
+            self.budget.resize(self.budget.capacity)  # wakes waiters for the new window
+            self.history.append((reason, self.concurrency, self.budget.capacity))
+
+    def _set_tokens(self, factor: float, reason: str) -> None:
+        assert self.plan.kv_tokens is not None
+        tokens = int(factor * self.plan.kv_tokens)
+        tokens = max(self.plan.min_tokens, min(tokens, self.plan.max_tokens))
+        self.kv_factor = tokens / self.plan.kv_tokens
+        if tokens != self.budget.capacity:
+            self.budget.resize(tokens)
+            self.history.append((reason, self.concurrency, tokens))

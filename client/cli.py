@@ -23,6 +23,7 @@ from pagedserve.client.batch import BatchSummary
 from pagedserve.client.client import Timeout
 from pagedserve.client.errors import APIError
 from pagedserve.client.jobs import RunOptions, run_batch_file
+from pagedserve.client.latency_target import LatencyTarget
 from pagedserve.client.pool_config import FALLBACK_INFLIGHT_TOKENS, PoolConfig
 from pagedserve.client.runner import DEFAULT_MAX_ATTEMPTS, DEFAULT_NUM_WORKERS
 
@@ -90,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests sent per item before its failure is final")
     parser.add_argument("--timeout", type=_positive_float, default=600.0,
                         help="seconds allowed for one request")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--target-tpot-ms", type=_positive_float, default=None,
+                        help="with auto: keep time per output token under this (ms)")
+    target.add_argument("--target-ttft-ms", type=_positive_float, default=None,
+                        help="with auto: keep time to first token under this (ms)")
+    parser.add_argument("--target-percentile", type=_positive_float, default=90.0,
+                        help="the percentile the latency target holds for (default 90)")
     parser.add_argument("--retry-failed", action=argparse.BooleanOptionalAction, default=True,
                         help="on a rerun into the same OUTPUT, send again the items whose "
                         "earlier result is a failure and replace that line "
@@ -97,6 +105,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--fsync", action="store_true",
                         help="fsync after every result line (survives power loss, slower)")
+
+
+def latency_target(args: argparse.Namespace) -> LatencyTarget | None:
+    if args.target_tpot_ms is not None:
+        return LatencyTarget("tpot", args.target_tpot_ms, args.target_percentile)
+    if args.target_ttft_ms is not None:
+        return LatencyTarget("ttft", args.target_ttft_ms, args.target_percentile)
+    return None
 
 
 def configs_from_args(args: argparse.Namespace) -> tuple[PoolConfig, RunOptions]:
@@ -108,7 +124,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[PoolConfig, RunOptions]
         requests_per_minute=args.rpm,
         tokens_per_minute=args.tpm,
         timeout=Timeout(total=args.timeout),
-        adaptive=AdaptiveConfig(),
+        adaptive=AdaptiveConfig(target=latency_target(args)),
     )
     options = RunOptions(
         counter=args.token_counter,

@@ -6,10 +6,19 @@ free budget among those that can admit it now. An endpoint whose request failed 
 worth retrying cools down, for the server's ``Retry-After`` when it named one and otherwise
 for an exponential backoff, and takes no new work meanwhile; the failed work is retried on
 whichever endpoint is free.
+
+An adaptive endpoint is also watched: while it has work in flight the pool reads its
+``GET /load`` every ``load_poll_s``, so its controller sees the server's step time and KV
+headroom several times a second, not only when an answer comes back (a long answer can take
+many seconds). Between endpoints that can both admit a request, an adaptive one with more of
+its window free is preferred: each replica's controller sized that window from what the
+replica itself publishes, so a small replica gets a small share.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,9 +28,16 @@ from pagedserve.client.adaptive import AdaptiveBudget
 from pagedserve.client.admission import AdmissionQueue
 from pagedserve.client.budget import Reservation, TokenBudget
 from pagedserve.client.client import AsyncClient
-from pagedserve.client.errors import APIStatusError, BudgetExceededError, RateLimitError
+from pagedserve.client.errors import (
+    APIError,
+    APIStatusError,
+    BudgetExceededError,
+    RateLimitError,
+)
 from pagedserve.client.retry import RetryPolicy, retry_after_seconds
 from pagedserve.common.load_hints import LoadHints
+
+DEFAULT_LOAD_POLL_S = 0.05
 
 
 @dataclass(slots=True, eq=False)
@@ -46,6 +62,7 @@ class Grant:
     endpoint: Endpoint
     reservation: Reservation
     epoch: int  # the adaptive controller's epoch when the attempt was admitted
+    sent_at: float = 0.0  # the pool's clock when the attempt was admitted
 
 
 class EndpointPool:
@@ -55,12 +72,17 @@ class EndpointPool:
         *,
         cooldown: RetryPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        load_poll_s: float | None = DEFAULT_LOAD_POLL_S,
     ) -> None:
+        """``load_poll_s`` None turns the ``GET /load`` watch off (hints then come only with
+        answers)."""
         if not endpoints:
             raise ValueError("an endpoint pool needs at least one endpoint")
         self.endpoints = list(endpoints)
         self.cooldown = cooldown or RetryPolicy()
         self._clock = clock
+        self.load_poll_s = load_poll_s
+        self._watchers: list[asyncio.Task[None]] = []
         self._queue: AdmissionQueue[Grant] = AdmissionQueue(
             self._try_grant, lambda grant: grant.reservation.settle(None)
         )
@@ -79,6 +101,10 @@ class EndpointPool:
         await self.close()
 
     async def close(self) -> None:
+        for task in self._watchers:
+            task.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        self._watchers.clear()
         for endpoint in self.endpoints:
             await endpoint.client.close()
 
@@ -103,7 +129,23 @@ class EndpointPool:
     async def acquire(self, tokens: int, ticket: int | None = None) -> Grant:
         """Wait in ticket order for an endpoint that admits ``tokens``."""
         self.check_fits(tokens)
+        if not self._watchers and self.load_poll_s is not None:
+            self._watchers = [asyncio.create_task(self._watch(e))
+                              for e in self.endpoints if e.adaptive is not None]
         return await self._queue.wait(tokens, ticket)
+
+    async def _watch(self, endpoint: Endpoint) -> None:
+        """Feed ``GET /load`` to the endpoint's controller while it has work in flight."""
+        assert endpoint.adaptive is not None and self.load_poll_s is not None
+        while True:
+            await asyncio.sleep(self.load_poll_s)
+            if endpoint.budget.in_flight_requests == 0 or self._clock() < endpoint.available_at:
+                continue
+            with contextlib.suppress(APIError):
+                response = await endpoint.client.request_json("GET", "/load")
+                hints = LoadHints.from_json(response.data)
+                if hints is not None:
+                    endpoint.adaptive.observe(hints, self._clock())
 
     def _try_grant(self, tokens: int) -> tuple[Grant | None, float | None]:
         now = self._clock()
@@ -129,18 +171,26 @@ class EndpointPool:
         if reservation is None:  # the budget said yes a moment ago, in this same call
             raise RuntimeError(f"endpoint {best.name} refused {tokens} tokens it had admitted")
         epoch = best.adaptive.epoch if best.adaptive is not None else 0
-        return Grant(best, reservation, epoch), None
+        return Grant(best, reservation, epoch, now), None
 
     def report_success(
-        self, grant: Grant, used_tokens: int | None, hints: LoadHints | None
+        self,
+        grant: Grant,
+        used_tokens: int | None,
+        hints: LoadHints | None,
+        completion_tokens: int | None = None,
     ) -> None:
-        """Settle a successful attempt and feed its load hints to the controller."""
+        """Settle a successful attempt and feed its load hints (and, for a latency target,
+        its timing) to the controller."""
         endpoint = grant.endpoint
         endpoint.consecutive_failures = 0
         endpoint.succeeded += 1
         grant.reservation.settle(used_tokens)
         if endpoint.adaptive is not None:
-            endpoint.adaptive.on_success(grant.epoch, grant.reservation.tokens, hints)
+            endpoint.adaptive.on_success(
+                grant.epoch, grant.reservation.tokens, hints, now=self._clock(),
+                sent_at=grant.sent_at, completion_tokens=completion_tokens,
+                used_tokens=used_tokens)
 
     def report_failure(self, grant: Grant, error: BaseException, retryable: bool) -> None:
         """Settle a failed attempt; a retryable failure cools its endpoint down."""
@@ -148,7 +198,7 @@ class EndpointPool:
         endpoint.failed += 1
         grant.reservation.settle(None)
         if isinstance(error, RateLimitError) and endpoint.adaptive is not None:
-            endpoint.adaptive.on_rate_limited(grant.epoch)
+            endpoint.adaptive.on_rate_limited(grant.epoch, self._clock())
         if retryable:
             self._cool_down(endpoint, error)
 
@@ -165,9 +215,21 @@ class EndpointPool:
         self._queue.wake()  # re-plan: waiters may now need a timer for the cooldown's end
 
 
+def _window_headroom(endpoint: Endpoint) -> float | None:
+    """The free share of an adaptive endpoint's window; None for a fixed budget."""
+    limit = endpoint.budget.max_concurrency
+    if endpoint.adaptive is None or not limit:
+        return None
+    return (limit - endpoint.budget.in_flight_requests) / limit
+
+
 def _preferred(candidate: Endpoint, current: Endpoint) -> bool:
-    """More free tokens first, then fewer requests in flight; ties keep list order."""
+    """More of an adaptive window free first; then more free tokens, then fewer requests in
+    flight; ties keep list order."""
     a, b = candidate.budget, current.budget
+    room_a, room_b = _window_headroom(candidate), _window_headroom(current)
+    if room_a is not None and room_b is not None and room_a != room_b:
+        return room_a > room_b
     if a.free_tokens != b.free_tokens:
         return a.free_tokens > b.free_tokens
     return a.in_flight_requests < b.in_flight_requests

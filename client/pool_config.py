@@ -8,6 +8,7 @@ that only 429s can lower.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -128,8 +129,9 @@ async def _build_endpoint(url: str, config: PoolConfig) -> Endpoint:
         hard_limit=plan.max_tokens,
         **rates,
     )
-    client = _client(url, config, plan.max_concurrency)
-    return Endpoint(client, budget, AdaptiveBudget(budget, plan, config.adaptive))
+    client = _client(url, config, plan.max_concurrency + 1)  # one more for GET /load
+    adaptive = AdaptiveBudget(budget, plan, config.adaptive, now=time.monotonic())
+    return Endpoint(client, budget, adaptive)
 
 
 async def build_pool(config: PoolConfig) -> EndpointPool:

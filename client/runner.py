@@ -217,7 +217,8 @@ class BatchRunner:
         usage = answer.usage
         headers = answer.response_headers
         hints = LoadHints.from_headers(headers)
-        self.pool.report_success(grant, usage.total_tokens if usage else None, hints)
+        self.pool.report_success(grant, usage.total_tokens if usage else None, hints,
+                                 usage.completion_tokens if usage else None)
         return BatchResult(
             index=index,
             custom_id=request.custom_id,

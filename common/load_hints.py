@@ -2,7 +2,9 @@
 
 Every pagedserve response carries these headers; ``GET /load`` returns the same values
 (and the engine's limits) as JSON under the keys of ``LoadHints``. Other servers send
-none, and clients then fall back to a fixed budget.
+none, and clients then fall back to a fixed budget. ``step_ms`` and ``generated_tokens`` are
+newer than the rest: a server that sends the five older headers but not these still counts
+as sending hints, with those two fields None.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ HEADER_NUM_WAITING = "X-PagedServe-Num-Waiting"  # requests waiting to be schedu
 HEADER_NUM_RUNNING = "X-PagedServe-Num-Running"  # requests in the running batch
 HEADER_FREE_TOKENS = "X-PagedServe-Free-Tokens"  # KV token slots free right now
 HEADER_PREEMPTIONS = "X-PagedServe-Num-Preemptions"  # cumulative preemptions since start
+HEADER_STEP_MS = "X-PagedServe-Step-Ms"  # recent engine step time, smoothed, milliseconds
+HEADER_GENERATED = "X-PagedServe-Generated-Tokens"  # cumulative tokens generated since start
 
 
 @dataclass(slots=True, frozen=True)
@@ -24,18 +28,44 @@ class LoadHints:
     num_running: int
     free_token_capacity: int
     num_preemptions: int
+    step_ms: float | None = None
+    generated_tokens: int | None = None
 
     def to_headers(self) -> dict[str, str]:
-        return {
+        headers = {
             HEADER_KV_USAGE: f"{self.kv_cache_usage:.4f}",
             HEADER_NUM_WAITING: str(self.num_waiting),
             HEADER_NUM_RUNNING: str(self.num_running),
             HEADER_FREE_TOKENS: str(self.free_token_capacity),
             HEADER_PREEMPTIONS: str(self.num_preemptions),
         }
+        if self.step_ms is not None:
+            headers[HEADER_STEP_MS] = f"{self.step_ms:.3f}"
+        if self.generated_tokens is not None:
+            headers[HEADER_GENERATED] = str(self.generated_tokens)
+        return headers
 
-    def to_json(self) -> dict[str, float | int]:
+    def to_json(self) -> dict[str, float | int | None]:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object) -> LoadHints | None:
+        """The hints in a ``GET /load`` body, or None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            step_ms, generated = data.get("step_ms"), data.get("generated_tokens")
+            return cls(
+                kv_cache_usage=float(data["kv_cache_usage"]),
+                num_waiting=int(data["num_waiting"]),
+                num_running=int(data["num_running"]),
+                free_token_capacity=int(data["free_token_capacity"]),
+                num_preemptions=int(data["num_preemptions"]),
+                step_ms=None if step_ms is None else float(step_ms),
+                generated_tokens=None if generated is None else int(generated),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str]) -> LoadHints | None:
@@ -47,6 +77,16 @@ class LoadHints:
                 num_running=int(headers[HEADER_NUM_RUNNING]),
                 free_token_capacity=int(headers[HEADER_FREE_TOKENS]),
                 num_preemptions=int(headers[HEADER_PREEMPTIONS]),
+                step_ms=_optional_float(headers.get(HEADER_STEP_MS)),
+                generated_tokens=_optional_int(headers.get(HEADER_GENERATED)),
             )
         except (KeyError, ValueError):
             return None
+
+
+def _optional_float(value: str | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _optional_int(value: str | None) -> int | None:
+    return None if value is None else int(value)

@@ -12,6 +12,8 @@ the query's dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -42,7 +44,23 @@ def _check_common(
         )
 
 
-def _max_seq_len(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> int:
+def check_decode(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    """Raises ValueError unless the decode inputs fit together (one query per sequence)."""
+    _check_common(query, key_cache, value_cache, block_tables, seq_lens)
+    if query.shape[0] != seq_lens.shape[0]:
+        raise ValueError(
+            f"decode takes one query per sequence: query has {query.shape[0]} rows for "
+            f"{seq_lens.shape[0]} sequences"
+        )
+
+
+def max_seq_len(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> int:
     lo, hi = (int(x) for x in torch.aminmax(seq_lens))
     capacity = block_tables.shape[1] * block_size
     if lo < 1 or hi > capacity:
@@ -94,7 +112,7 @@ def _attend(
 _MAX_PADDING_FACTOR = 2.0
 
 
-def _length_groups(lengths: torch.Tensor, costs: torch.Tensor) -> list[torch.Tensor] | None:
+def length_groups(lengths: torch.Tensor, costs: torch.Tensor) -> list[torch.Tensor] | None:
     """Row indices grouped by the power of two of ``lengths``, or None when padding every row
     to the largest cost wastes less than ``_MAX_PADDING_FACTOR``."""
     if lengths.numel() < 2:
@@ -115,13 +133,8 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """One query token [S, H, D] per sequence, at position ``seq_lens[s] - 1``, attending to
     all ``seq_lens[s]`` cached positions (its own K/V already written) → [S, H, D]."""
-    _check_common(query, key_cache, value_cache, block_tables, seq_lens)
-    if query.shape[0] != seq_lens.shape[0]:
-        raise ValueError(
-            f"decode takes one query per sequence: query has {query.shape[0]} rows for "
-            f"{seq_lens.shape[0]} sequences"
-        )
-    groups = _length_groups(seq_lens, seq_lens)
+    check_decode(query, key_cache, value_cache, block_tables, seq_lens)
+    groups = length_groups(seq_lens, seq_lens)
     if groups is None:
         return _decode_padded(query, key_cache, value_cache, block_tables, seq_lens, scale)
     out = torch.empty_like(query)
@@ -140,7 +153,7 @@ def _decode_padded(
     scale: float,
 ) -> torch.Tensor:
     block_size = key_cache.shape[1]
-    max_len = _max_seq_len(seq_lens, block_tables, block_size)
+    max_len = max_seq_len(seq_lens, block_tables, block_size)
     slots = _gather_slots(block_tables, seq_lens, max_len, block_size)
     key, value = _gather(key_cache, slots), _gather(value_cache, slots)
     positions = torch.arange(max_len, device=query.device)
@@ -181,7 +194,7 @@ def _prefill_padded(
     """Causal attention for sequences with q_len > 1, padded to the longest query; writes the
     real rows of ``out``."""
     block_size = key_cache.shape[1]
-    max_len = _max_seq_len(seq_lens, block_tables, block_size)
+    max_len = max_seq_len(seq_lens, block_tables, block_size)
     max_q = int(query_lens.max())
     step = torch.arange(max_q, device=query.device)
     # Padding rows repeat the sequence's last query row, so they stay inside its length.
@@ -206,17 +219,18 @@ def paged_attention_prefill(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    decode: Callable[..., torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Packed queries [T, H, D]: sequence s owns rows ``query_start_loc[s]:[s+1]``, its last
     q_len positions; row i attends causally to positions ``<= seq_lens[s] - q_len + i``,
-    cached context included (chunked prefill, prefix hits) → [T, H, D]."""
+    cached context included (chunked prefill, prefix hits) → [T, H, D]. ``decode`` (default
+    :func:`paged_attention_decode`) computes the rows with q_len 1."""
     _check_common(query, key_cache, value_cache, block_tables, seq_lens)
+    decode = decode or paged_attention_decode
     query_lens = _query_lens(query_start_loc, seq_lens, query.shape[0]).long()
     single = query_lens == 1
     if bool(single.all()):
-        return paged_attention_decode(
-            query, key_cache, value_cache, block_tables, seq_lens, scale
-        )
+        return decode(query, key_cache, value_cache, block_tables, seq_lens, scale)
     # Decode rows go through the decode path so that a long prefill in the same step does not
     # pad every decode to its query length.
     out = torch.empty_like(query)
@@ -224,12 +238,12 @@ def paged_attention_prefill(
     decodes = single.nonzero()[:, 0]
     if decodes.numel() > 0:
         rows = starts[decodes]
-        out[rows] = paged_attention_decode(
+        out[rows] = decode(
             query[rows], key_cache, value_cache, block_tables[decodes], seq_lens[decodes], scale
         )
     prefills = (~single).nonzero()[:, 0]
     lens = seq_lens[prefills].long()
-    groups = _length_groups(query_lens[prefills], query_lens[prefills] * lens)
+    groups = length_groups(query_lens[prefills], query_lens[prefills] * lens)
     for group in groups or [torch.arange(prefills.numel(), device=prefills.device)]:
         chosen = prefills[group]
         _prefill_padded(

@@ -43,10 +43,13 @@ def reshape_and_cache(
             f"slot_mapping must be [{key.shape[0]}] (one slot per token), "
             f"got {list(slot_mapping.shape)}"
         )
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    _flat_slots(key_cache).index_copy_(0, slots, key[keep].to(key_cache.dtype))
-    _flat_slots(value_cache).index_copy_(0, slots, value[keep].to(value_cache.dtype))
+    padded = slot_mapping < 0
+    if bool(padded.any()):
+        # Masking costs three boolean gathers per layer: only when there is padding.
+        keep = ~padded
+        slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
+    _flat_slots(key_cache).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
+    _flat_slots(value_cache).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
 
 
 def _check_mapping(block_mapping: torch.Tensor) -> None:

@@ -1,8 +1,10 @@
 """Choosing the kernel backend: one ``KernelOps`` bundle, passed to the model explicitly.
 
-Backends: ``"torch"`` (the reference in this package, any device) and ``"triton"``
-(``pagedserve.kernels.triton``, imported only when chosen). ``"auto"`` takes Triton for a CUDA
-device and the torch reference otherwise.
+Backends: ``"torch"`` (the reference in this package, any device), ``"triton"``
+(``pagedserve.kernels.triton``, imported only when chosen) and ``"inductor"`` (CPU: decode
+attention compiled by torch.compile, reading KV blocks in place; ``compiled_attention.py``).
+``"auto"`` takes Triton for a CUDA device, inductor for the CPU when a C++ compiler is on the
+PATH (inductor builds its kernels with it), and the torch reference otherwise.
 
 Environment: ``PAGEDSERVE_KERNEL_BACKEND`` (``auto`` | ``torch`` | ``triton``) is read only when
 the caller passes ``backend=None``; an explicit ``backend`` always wins over it.
@@ -11,6 +13,7 @@ the caller passes ``backend=None``; an explicit ``backend`` always wins over it.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,13 +21,15 @@ import torch
 
 from pagedserve.kernels import attention, cache_ops
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "triton", "inductor")
 BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
 
 
 @dataclass(frozen=True, slots=True)
 class KernelOps:
-    """The five paged-KV ops of one backend (signatures in docs/internals.md)."""
+    """The five paged-KV ops of one backend (signatures in docs/internals.md), and for a
+    compiling backend ``warm_up(num_heads, num_kv_heads, head_dim, block_size, dtype) ->
+    seconds``, which compiles before the first request."""
 
     name: str
     reshape_and_cache: Callable[..., None]
@@ -32,6 +37,7 @@ class KernelOps:
     paged_attention_prefill: Callable[..., torch.Tensor]
     copy_blocks: Callable[..., None]
     swap_blocks: Callable[..., None]
+    warm_up: Callable[..., float] | None = None
 
 
 TORCH_OPS = KernelOps(
@@ -68,6 +74,26 @@ def _triton_ops() -> KernelOps:
     )
 
 
+def _inductor_ops() -> KernelOps:
+    from pagedserve.kernels import compiled_attention
+
+    return KernelOps(
+        name="inductor",
+        reshape_and_cache=cache_ops.reshape_and_cache,
+        paged_attention_decode=compiled_attention.paged_attention_decode,
+        paged_attention_prefill=compiled_attention.paged_attention_prefill,
+        copy_blocks=cache_ops.copy_blocks,
+        swap_blocks=cache_ops.swap_blocks,
+        warm_up=compiled_attention.warm_up,
+    )
+
+
+def has_cpp_compiler() -> bool:
+    """Whether inductor can build CPU kernels here ($CXX, else g++ / c++ / clang++)."""
+    names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
+    return any(shutil.which(name) for name in names)
+
+
 def get_kernel_ops(device: torch.device | str, backend: str | None = "auto") -> KernelOps:
     """The kernel ops for ``device``; ``backend=None`` defers to $PAGEDSERVE_KERNEL_BACKEND
     (default ``auto``)."""
@@ -80,6 +106,14 @@ def get_kernel_ops(device: torch.device | str, backend: str | None = "auto") -> 
             f"unknown kernel backend {backend!r} (from {source}); choose one of "
             f"{', '.join(BACKENDS)}"
         )
+    kind = torch.device(device).type
     if backend == "auto":
-        backend = "triton" if torch.device(device).type == "cuda" else "torch"
-    return _triton_ops() if backend == "triton" else TORCH_OPS
+        if kind == "cuda":
+            backend = "triton"
+        else:
+            backend = "inductor" if kind == "cpu" and has_cpp_compiler() else "torch"
+    if backend == "inductor" and kind != "cpu":
+        raise ValueError(f"kernel backend 'inductor' runs on the CPU only, not on {kind!r}")
+    if backend == "triton":
+        return _triton_ops()
+    return _inductor_ops() if backend == "inductor" else TORCH_OPS

@@ -15,7 +15,7 @@ from pagedserve.server.api.admission import Admission
 from pagedserve.server.api.config import ServerConfig
 from pagedserve.server.api.connections import GuardedTCPSite, expect_continue
 from pagedserve.server.api.errors import error_middleware, shutting_down
-from pagedserve.server.api.hints import add_load_hints, get_load
+from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion
@@ -105,9 +105,10 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
     # Imported here: torch loads with the engine, not with the API's modules.
     from pagedserve.server.engine.async_engine import AsyncEngine
 
-    engine_args = app[CONFIG_KEY].engine_args
+    engine_args = app[CONFIG_KEY].engine_args.for_server()
     engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args)
     await engine.start()
+    track_steps(app, engine)
     app[ENGINE_KEY] = engine
     app[STARTED_KEY] = int(time.time())
     try:

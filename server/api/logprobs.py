@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
-from pagedserve.server.engine.outputs import PositionLogprobs
+from pagedserve.server.engine.outputs import Logprob, PositionLogprobs
 from pagedserve.server.tokenizer.base import Tokenizer
 
 # OpenAI reports a log probability of -inf (a banned token) as this finite value, which
@@ -95,3 +95,28 @@ def _chat_token(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str
         "logprob": _clamp(logprob),
         "bytes": list(raw),
     }
+
+
+def vllm_prompt_logprobs(tokenizer: Tokenizer | None,
+                         positions: list[PositionLogprobs | None] | None,
+                         ) -> list[dict[str, Any] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt position, token id → logprob, rank, text."""
+    if positions is None:
+        return None
+    return [
+        None if position is None else {
+            str(token_id): {
+                "logprob": lp.logprob,
+                "rank": lp.rank,
+                "decoded_token": _decoded(tokenizer, token_id, lp),
+            }
+            for token_id, lp in position.items()
+        }
+        for position in positions
+    ]
+
+
+def _decoded(tokenizer: Tokenizer | None, token_id: int, logprob: Logprob) -> str | None:
+    if logprob.decoded_token is not None or tokenizer is None:
+        return logprob.decoded_token
+    return token_text(tokenizer, token_id)

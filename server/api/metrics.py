@@ -42,6 +42,8 @@ LABELS = ("model_name", "engine")
 FINISH_REASONS = ("stop", "length", "abort", "error")
 # The error codes of the refusals the server itself makes (others appear when they occur).
 REJECTION_REASONS = ("queue_full", "server_draining", "engine_dead")
+STEP_PHASE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                      0.25, 0.5, 1.0, 2.5)
 
 # vLLM v1's bucket choices (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -168,6 +170,11 @@ class ServerMetrics:
             [*LABELS, "reason"], registry=self.registry)
         for reason in REJECTION_REASONS:
             self._rejections.labels(*self._values, reason)
+        # pagedserve's own: where each engine step's wall time goes (step_timing.py).
+        self._step_phase = Histogram(
+            OWN + "step_phase_seconds",
+            "Wall time of one engine step's phase: schedule, prepare, forward, sample, output.",
+            [*LABELS, "phase"], registry=self.registry, buckets=STEP_PHASE_BUCKETS)
 
     def _counter(self, name: str, doc: str) -> Counter:
         return Counter(name, doc, LABELS, registry=self.registry).labels(*self._values)
@@ -230,6 +237,8 @@ class ServerMetrics:
     def _observe_step(self, step: StepStats) -> None:
         # Runs in the engine's thread; prometheus_client's metrics are thread-safe.
         self._iteration_tokens.observe(step.num_prefill_tokens + step.num_decode_tokens)
+        for phase, seconds in step.phase_seconds.items():
+            self._step_phase.labels(*self._values, phase).observe(seconds)
 
     def observe_first_token(self, output: RequestOutput) -> None:
         """The request's prompt is now fully computed and its first token exists."""

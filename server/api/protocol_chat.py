@@ -43,6 +43,7 @@ class ChatCompletionRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    continuous_usage: bool
     logprobs: bool
     top_logprobs: int | None
     add_generation_prompt: bool
@@ -62,12 +63,14 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
     if top_logprobs is not None and not logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true",
                                   param="top_logprobs")
+    include_usage, continuous_usage = read_stream_options(fields, stream)
     request = ChatCompletionRequest(
         model=model,
         messages=messages,
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
         stream=stream,
-        include_usage=read_stream_options(fields, stream),
+        include_usage=include_usage,
+        continuous_usage=continuous_usage,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         add_generation_prompt=fields.boolean("add_generation_prompt", True),

@@ -22,6 +22,7 @@ class CompletionRequest:
     max_tokens: int | None
     stream: bool
     include_usage: bool
+    continuous_usage: bool
     echo: bool
     logprobs: int | None
     sampling: dict[str, Any]
@@ -32,12 +33,14 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     model = fields.string("model", required=True)
     prompts = read_prompts(fields.raw("prompt"))
     stream = fields.boolean("stream", False)
+    include_usage, continuous_usage = read_stream_options(fields, stream)
     request = CompletionRequest(
         model=model,
         prompts=prompts,
         max_tokens=fields.integer("max_tokens"),
         stream=stream,
-        include_usage=read_stream_options(fields, stream),
+        include_usage=include_usage,
+        continuous_usage=continuous_usage,
         echo=fields.boolean("echo", False),
         logprobs=fields.integer("logprobs"),
         sampling=read_sampling_fields(fields),
@@ -65,15 +68,18 @@ def read_prompts(value: Any) -> list[PromptInput]:
     raise type_error("prompt", _PROMPT_SHAPES, value)
 
 
-def read_stream_options(fields: Fields, stream: bool) -> bool:
-    """``stream_options.include_usage``; the options exist only for streamed responses."""
+def read_stream_options(fields: Fields, stream: bool) -> tuple[bool, bool]:
+    """``stream_options``: (``include_usage``, vLLM's ``continuous_usage_stats``, which puts
+    each choice's usage so far on every chunk and, as in vLLM, needs ``include_usage``);
+    the options exist only for streamed responses."""
     options = fields.object("stream_options")
     if options is None:
-        return False
+        return False, False
     if not stream:
         raise InvalidRequestError("stream_options is only allowed when stream is true",
                                   param="stream_options")
     include_usage = options.boolean("include_usage", False)
+    continuous_usage = options.boolean("continuous_usage_stats", False)
     options.ignore("include_obfuscation")  # OpenAI's padding against side channels; moot here
     options.finish()
-    return include_usage
+    return include_usage, include_usage and continuous_usage

@@ -12,12 +12,16 @@ from pagedserve.server.errors import InvalidRequestError
 
 @dataclass(slots=True)
 class TokenizeRequest:
-    """Exactly one of ``prompt`` and ``messages``; ``model`` may be omitted."""
+    """Exactly one of ``prompt`` and ``messages``; ``model`` may be omitted.
+
+    ``add_special_tokens`` defaults as in vLLM: on for a prompt (the BOS framing completions
+    add), off for messages (the chat template writes its own)."""
 
     model: str | None
     prompt: str | None
     messages: list[Any] | None
     add_generation_prompt: bool
+    add_special_tokens: bool
 
 
 @dataclass(slots=True)
@@ -36,8 +40,9 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
     prompt = fields.string("prompt")
     messages = read_messages(fields.raw("messages")) if has_messages else None
     add_generation_prompt = fields.boolean("add_generation_prompt", True)
+    add_special_tokens = fields.boolean("add_special_tokens", not has_messages)
     fields.finish()
-    return TokenizeRequest(model, prompt, messages, add_generation_prompt)
+    return TokenizeRequest(model, prompt, messages, add_generation_prompt, add_special_tokens)
 
 
 def parse_detokenize_request(body: Any) -> DetokenizeRequest:

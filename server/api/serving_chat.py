@@ -7,9 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
+from pagedserve.server.api.errors import invalid_request
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
-from pagedserve.server.api.logprobs import chat_logprobs
+from pagedserve.server.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagedserve.server.api.protocol_chat import ChatCompletionRequest, parse_chat_request
 from pagedserve.server.api.serving_common import (
     Serving,
@@ -30,13 +31,13 @@ CHUNK_OBJECT = "chat.completion.chunk"
 ROLE = "assistant"
 
 
-def encode_chat(serving: Serving, messages: list[Any],
-                add_generation_prompt: bool) -> tuple[str, list[int]]:
+def encode_chat(serving: Serving, messages: list[Any], add_generation_prompt: bool,
+                add_special_tokens: bool = False) -> tuple[str, list[int]]:
     """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
     tokenizer = serving.tokenizer
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    # The template writes its own special tokens (often the BOS).
-    return text, tokenizer.encode(text, add_special_tokens=False)
+    # By default no BOS of our own: the template writes its own special tokens.
+    return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -47,9 +48,15 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         req.sampling,
         max_tokens=req.max_tokens,
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        prompt_logprobs=req.sampling.pop("prompt_logprobs", None),
     )
     if req.stream:
         reject_unstreamable(params)
+        if params.prompt_logprobs is not None:
+            # As in vLLM: a chat stream has no place for them (a completions stream puts
+            # them on each choice's first chunk).
+            raise invalid_request("prompt_logprobs is not available when stream is true",
+                                  param="prompt_logprobs")
 
     def encode_and_check() -> tuple[str, list[int]]:
         text, token_ids = encode_chat(serving, req.messages, req.add_generation_prompt)
@@ -76,6 +83,10 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         for o in sorted(final.outputs, key=lambda o: o.index)
     ]
     body = {**view.envelope(OBJECT), "choices": choices, "usage": usage([final])}
+    if params.prompt_logprobs is not None:
+        # vLLM's place for them: the response, since every choice shares the prompt.
+        body["prompt_logprobs"] = vllm_prompt_logprobs(serving.engine.tokenizer,
+                                                       final.prompt_logprobs)
     return json_response(body)
 
 
@@ -117,7 +128,10 @@ class _ChatView:
                           "finish_reason": d.finish_reason}
                 if d.finish_reason is not None:
                     choice["stop_reason"] = d.stop_reason
-                chunks.append({**envelope, "choices": [choice]})
+                chunk = {**envelope, "choices": [choice]}
+                if self.req.continuous_usage:
+                    chunk["usage"] = tracker.choice_usage(d.index)
+                chunks.append(chunk)
             yield chunks
         if self.req.include_usage:
             yield [{**envelope, "choices": [], "usage": tracker.usage()}]

@@ -188,5 +188,14 @@ class StreamTracker:
     def usage(self) -> dict[str, int]:
         prompt = sum(self._prompt_tokens.values())
         completion = sum(s.num_tokens for s in self._sent.values())
-        return {"prompt_tokens": prompt, "completion_tokens": completion,
-                "total_tokens": prompt + completion}
+        return _usage(prompt, completion)
+
+    def choice_usage(self, index: int) -> dict[str, int]:
+        """One choice's usage so far (vLLM's ``continuous_usage_stats``): its prompt, its
+        tokens."""
+        return _usage(self._prompt_tokens[index // self.n], self._sent[index].num_tokens)
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}

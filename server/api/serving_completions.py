@@ -10,7 +10,7 @@ from aiohttp import web
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
 from pagedserve.server.api.limits import check_prompts
-from pagedserve.server.api.logprobs import CompletionLogprobs, token_text
+from pagedserve.server.api.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from pagedserve.server.api.protocol_completions import (
     CompletionRequest,
     PromptInput,
@@ -27,9 +27,8 @@ from pagedserve.server.api.serving_common import (
     usage,
 )
 from pagedserve.server.api.sse import stream_events
-from pagedserve.server.engine.outputs import Logprob, PositionLogprobs, RequestOutput
+from pagedserve.server.engine.outputs import PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
-from pagedserve.server.tokenizer.base import Tokenizer
 
 OBJECT = "text_completion"
 
@@ -122,7 +121,10 @@ class _CompletionView:
                                       d.first)
                 choice["finish_reason"] = d.finish_reason
                 choice["stop_reason"] = d.stop_reason
-                chunks.append({**self.envelope, "choices": [choice], **usage_field})
+                chunk = {**self.envelope, "choices": [choice], **usage_field}
+                if self.req.continuous_usage:
+                    chunk["usage"] = tracker.choice_usage(d.index)
+                chunks.append(chunk)
             yield chunks
         if self.req.include_usage:
             yield [{**self.envelope, "choices": [], "usage": tracker.usage()}]
@@ -141,7 +143,8 @@ class _CompletionView:
             choice["logprobs"] = self._logprobs_for(index, output, token_ids, logprobs or [],
                                                    echo)
         if first and self.params.prompt_logprobs is not None:
-            choice["prompt_logprobs"] = _vllm_prompt_logprobs(self.serving, output)
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(self.serving.engine.tokenizer,
+                                                           output.prompt_logprobs)
         return choice
 
     def _logprobs_for(self, index: int, output: RequestOutput, token_ids: list[int],
@@ -156,28 +159,3 @@ class _CompletionView:
             token_ids = output.prompt_token_ids + token_ids
             positions = list(prompt_positions) + positions
         return builder.extend(token_ids, positions)
-
-
-def _vllm_prompt_logprobs(serving: Serving,
-                          output: RequestOutput) -> list[dict[str, Any] | None] | None:
-    """vLLM's ``prompt_logprobs``: per prompt position, token id → logprob, rank, text."""
-    if output.prompt_logprobs is None:
-        return None
-    tokenizer = serving.engine.tokenizer
-    return [
-        None if position is None else {
-            str(token_id): {
-                "logprob": lp.logprob,
-                "rank": lp.rank,
-                "decoded_token": _decoded(tokenizer, token_id, lp),
-            }
-            for token_id, lp in position.items()
-        }
-        for position in output.prompt_logprobs
-    ]
-
-
-def _decoded(tokenizer: Tokenizer | None, token_id: int, logprob: Logprob) -> str | None:
-    if logprob.decoded_token is not None or tokenizer is None:
-        return logprob.decoded_token
-    return token_text(tokenizer, token_id)

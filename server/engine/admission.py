@@ -20,13 +20,16 @@ def check_admissible(seq_group: SequenceGroup, config: SchedulerConfig,
             f"the prompt has {num_tokens} tokens, more than max_model_len "
             f"({config.max_model_len})", param="prompt")
     width = seq_group.max_num_running_seqs()
+    params = seq_group.sampling_params
+    # Name the field the client set: best_of when it widens the request, else n.
+    param = "best_of" if params.best_of > params.n else "n"
     # Samples or beams of one request are scheduled together, one token each at least.
     for name, limit in (("max_num_seqs", config.max_num_seqs),
                         ("max_num_batched_tokens", config.max_num_batched_tokens)):
         if width > limit:
             raise InvalidRequestError(
                 f"the request runs {width} sequences at once (n / best_of), more than "
-                f"{name} ({limit})", param="best_of")
+                f"{name} ({limit})", param=param)
     required = block_manager.num_required_blocks(seq_group)
     if required > block_manager.admission_capacity:
         raise InvalidRequestError(

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+import os
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
@@ -20,6 +21,7 @@ class EngineArgs:
     seed: int = 0
     device: str = "auto"
     kernel_backend: str | None = None
+    cpu_threads: int | None = None
     skip_tokenizer_init: bool = False
     block_size: int = 16
     num_kv_blocks: int | None = None
@@ -66,6 +68,15 @@ class EngineArgs:
             max_waiting_requests=self.max_waiting_requests,
         )
 
+    def for_server(self) -> EngineArgs:
+        """These arguments as the HTTP server runs them: on the CPU, without an explicit
+        ``cpu_threads``, every core but one computes and the event loop keeps the last (two
+        runnable compute threads beside a busy event loop on two cores stall each other at
+        every parallel region)."""
+        if self.cpu_threads is not None or self.device.split(":")[0] not in ("cpu", "auto"):
+            return self
+        return replace(self, cpu_threads=max(1, (os.cpu_count() or 1) - 1))
+
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineArgs:
         known = {f.name for f in fields(cls)}
@@ -83,14 +94,21 @@ class EngineArgs:
         g.add_argument("--dtype", default="auto",
                        choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and activation dtype; auto: the checkpoint's torch_dtype "
-                            "on CUDA, bfloat16 on CPUs with bfloat16 kernels, else float32")
+                            "on CUDA; on CPU bfloat16 where the CPU has native bfloat16 "
+                            "instructions (amx_bf16, avx512_bf16), else float32")
         g.add_argument("--seed", type=int, default=0, help="random seed of the engine")
         g.add_argument("--device", default="auto",
                        help="torch device to run on (cpu, cuda, cuda:1); auto: CUDA when "
                             "there is one, else CPU")
-        g.add_argument("--kernel-backend", default=None, choices=["auto", "torch", "triton"],
+        g.add_argument("--kernel-backend", default=None,
+                       choices=["auto", "torch", "triton", "inductor"],
                        help="attention kernels; None: $PAGEDSERVE_KERNEL_BACKEND, else auto "
-                            "(Triton on CUDA, torch on CPU)")
+                            "(Triton on CUDA; on CPU inductor-compiled attention, compiled at "
+                            "start-up; torch: the uncompiled reference)")
+        g.add_argument("--cpu-threads", type=int, default=None,
+                       help="torch intra-op threads on the CPU (default: one per core offline; "
+                            "under 'pagedserve serve' one per core but one, which the HTTP "
+                            "event loop keeps, as vLLM's CPU engine does)")
         g.add_argument("--skip-tokenizer-init", action="store_true",
                        help="load no tokenizer: prompts must be token ids, no text output")
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pagedserve.server.engine.outputs import RequestOutput
 from pagedserve.server.engine.scheduler_stats import SchedulerStats
@@ -19,6 +19,8 @@ class StepStats:
     num_running: int
     num_waiting: int
     finished: list[RequestOutput]
+    # Seconds per phase (step_timing.STEP_PHASES); they add up to duration_s.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)

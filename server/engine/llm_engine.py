@@ -29,8 +29,10 @@ from pagedserve.server.engine.parallel_launcher import WorkerGroup
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.step_timing import StepTimer
 from pagedserve.server.engine.token_sampling import SampledBatch, SamplingPlan, TokenSampler
 from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_layers import shard_config
 from pagedserve.server.models.tiny import resolve_model
@@ -44,8 +46,13 @@ logger = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
+        started = time.perf_counter()
         self.args = args
         torch.manual_seed(args.seed)
+        if args.cpu_threads is not None:
+            if args.cpu_threads < 1:
+                raise ValueError(f"cpu_threads must be at least 1, got {args.cpu_threads}")
+            torch.set_num_threads(args.cpu_threads)
         self.model_dir = resolve_model(args.model)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
         # Tensor parallelism: ranks 1..N-1 start here and load their shards meanwhile.
@@ -85,6 +92,11 @@ class LLMEngine:
         # One sampler, seeded from --seed, so unseeded requests repeat on a fresh engine.
         self.sampler = TokenSampler(Sampler(seed=args.seed), self.model_config.vocab_size)
         self.outputs = OutputProcessor(self.tokenizer)
+        self.compile_seconds = warm_up_attention(self.model, self.cache_config.block_size,
+                                                 self.model.dtype)
+        self.startup_seconds = time.perf_counter() - started
+        logger.info("engine ready in %.1f s (kernel compilation %.1f s; --kernel-backend torch "
+                    "skips it)", self.startup_seconds, self.compile_seconds)
         self._observers: list[Callable[[StepStats], None]] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -142,6 +154,13 @@ class LLMEngine:
         if params.use_beam_search and params.stop:
             raise InvalidRequestError("stop strings are not supported with beam search",
                                       param="stop")
+        if n_prompt >= self.max_model_len:
+            # The prompt alone leaves no room: blame it, not a max_tokens the client may
+            # never have sent (the default fills in at least 1).
+            raise InvalidRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. "
+                f"However, the prompt has {n_prompt} tokens, which leaves no room for a "
+                f"completion. Please reduce the prompt.", param="prompt")
         max_tokens = params.max_tokens or 0
         if n_prompt + max_tokens > self.max_model_len:
             raise InvalidRequestError(
@@ -233,23 +252,27 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One step; raises only when the step itself fails (the forward pass, the scheduler's
         state). A request whose post-processing raises ends alone, its output saying why."""
-        start = time.perf_counter()
+        timer = StepTimer()
         out = self.scheduler.schedule()
+        timer.mark("schedule")
         sampled = SampledBatch()
         if not out.is_empty:
-            hidden, starts = self.runner.execute(out)
+            hidden, starts = self.runner.execute(out, timer)
             plan = SamplingPlan.of(out, starts)
             rows = plan.logit_rows()
             logits = self.runner.compute_logits(hidden, rows) if rows else None
+            timer.mark("forward")
             sampled = self.sampler.sample(plan, logits)
+            timer.mark("sample")
         update = self.scheduler.update_from_output(out, sampled)
         made = self.outputs.make(update)
         self.scheduler.finish_stopped(made.stopped)
         self.scheduler.finish_failed(made.failed)
-        self._record(out, sampled.num_tokens, time.perf_counter() - start, made.results)
+        timer.mark("output")
+        self._record(out, sampled.num_tokens, timer, made.results)
         return made.results
 
-    def _record(self, out: SchedulerOutput, num_sampled: int, duration: float,
+    def _record(self, out: SchedulerOutput, num_sampled: int, timer: StepTimer,
                 results: list[RequestOutput]) -> None:
         self.prompt_tokens_total += out.num_prompt_tokens
         self.generation_tokens_total += num_sampled
@@ -258,7 +281,8 @@ class LLMEngine:
         stats = StepStats(
             num_prefill_tokens=out.num_prompt_tokens,
             num_decode_tokens=num_sampled,
-            duration_s=duration,
+            duration_s=timer.elapsed,
+            phase_seconds=timer.phases,
             num_preempted=len(out.preempted),
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,

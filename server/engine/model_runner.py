@@ -11,6 +11,7 @@ import torch
 from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_input import ModelInput, prepare_model_input
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.step_timing import StepTimer
 
 
 class ModelRunner:
@@ -36,14 +37,20 @@ class ModelRunner:
             self.kv_cache.copy(out.blocks_to_copy)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor, list[int]]:
+    def execute(self, out: SchedulerOutput,
+                timer: StepTimer | None = None) -> tuple[torch.Tensor, list[int]]:
         """Runs the block ops and the forward pass; returns the hidden states of every packed
-        token [T, hidden] and the query start offsets of the scheduled sequences."""
+        token [T, hidden] and the query start offsets of the scheduled sequences. ``timer``
+        books the block ops and packing as ``prepare``, the model as ``forward``."""
         self.run_block_ops(out)
         if not out.scheduled:  # only block operations this step
             return torch.empty(0, device=self.device), [0]
         inp = self.prepare_input(out)
+        if timer is not None:
+            timer.mark("prepare")
         hidden = self.model(inp.input_ids, inp.positions, inp.attn, self.kv_cache.device_caches)
+        if timer is not None:
+            timer.mark("forward")
         return hidden, inp.query_start_loc
 
     @torch.inference_mode()

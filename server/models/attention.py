@@ -76,3 +76,19 @@ class PagedAttention(nn.Module):
             query, key_cache, value_cache, attn.block_tables, attn.query_start_loc,
             attn.seq_lens, self.scale,
         )
+
+
+def warm_up_attention(model: nn.Module, block_size: int, dtype: torch.dtype) -> float:
+    """Compiles the attention kernels of a compiling backend (``KernelOps.warm_up``) for each
+    distinct layer shape now, so that the first request does not wait; returns the seconds
+    spent (0 for a backend that does not compile)."""
+    seconds = 0.0
+    seen: set[tuple[int, int, int]] = set()
+    for module in model.modules():
+        if not isinstance(module, PagedAttention) or module.ops.warm_up is None:
+            continue
+        shape = (module.num_heads, module.num_kv_heads, module.head_dim)
+        if shape not in seen:
+            seen.add(shape)
+            seconds += module.ops.warm_up(*shape, block_size, dtype)
+    return seconds

@@ -15,6 +15,7 @@ from torch import nn
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
+from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel
@@ -23,31 +24,20 @@ from pagedserve.server.models.weights import checkpoint_files, iterate_weights, 
 
 logger = logging.getLogger(__name__)
 
-# "auto" on CPU. Measured with the embedded tiny Llama (one thread, Xeon with AVX-512 BF16 and
-# AMX, best of three runs on a shared machine): 8 prompts x 64 tokens, prefill 25 ms float32 vs
-# 16 ms bfloat16, decode step 15 vs 10.5 ms; 32 x 128, prefill 130 vs 72 ms, decode step 26 vs
-# 18 ms. bfloat16 wins by 1.4-1.8x where oneDNN reports bfloat16 support (AVX-512 and newer);
-# without it bfloat16 matmuls take slow fallback paths, so float32 stays there.
-def _cpu_auto_dtype() -> torch.dtype:
-    try:
-        fast_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        fast_bf16 = False
-    return torch.bfloat16 if fast_bf16 else torch.float32
-
-
 def resolve_dtype(
     dtype: str | torch.dtype, config: ModelConfig, device: torch.device
 ) -> torch.dtype:
     """The dtype to run in. ``"auto"`` follows the checkpoint's ``torch_dtype`` on accelerators
     (float16 for bfloat16 checkpoints on GPUs without bfloat16); on CPU it is bfloat16 where
-    the CPU has bfloat16 kernels, else float32. bfloat16 logits carry 8 significant bits, so a
-    near-tied greedy pick can change with the batch around it: pass float32 where runs must
-    agree token for token."""
+    the CPU has native bfloat16 instructions, else float32 (``cpu_dtype.py``; logged).
+    bfloat16 logits carry 8 significant bits, so a near-tied greedy pick can change with the
+    batch around it: pass float32 where runs must agree token for token."""
     if dtype != "auto":
         return parse_dtype(dtype)
     if device.type == "cpu":
-        return _cpu_auto_dtype()
+        choice = choose_cpu_dtype()
+        logger.info("--dtype auto: %s, because %s", choice.dtype, choice.reason)
+        return choice.dtype
     chosen = DTYPES.get(str(config.torch_dtype), torch.float32)
     if chosen == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16

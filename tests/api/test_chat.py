@@ -132,3 +132,30 @@ async def test_no_logprobs_unless_asked(client: AsyncOpenAI) -> None:
     result = await client.chat.completions.create(model=MODEL, messages=MESSAGES,
                                                   max_tokens=2, temperature=0)
     assert result.choices[0].logprobs is None
+
+
+async def test_prompt_logprobs_come_once_per_response_as_vllm_sends_them(
+        client: AsyncOpenAI, offline: LLM) -> None:
+    expected = reference(offline, temperature=0, max_tokens=1, prompt_logprobs=1)
+    result = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_completion_tokens=1, temperature=0,
+        extra_body={"prompt_logprobs": 1})
+    served = result.model_extra["prompt_logprobs"]
+    assert served[0] is None and len(served) == len(chat_prompt_ids(offline))
+    for position, reference_position in zip(served[1:], expected.prompt_logprobs[1:],
+                                            strict=True):
+        assert set(position) == {str(t) for t in reference_position}
+        for token_id, logprob in reference_position.items():
+            assert position[str(token_id)]["logprob"] == pytest.approx(logprob.logprob,
+                                                                       abs=1e-4)
+            assert position[str(token_id)]["rank"] == logprob.rank
+
+
+async def test_prompt_logprobs_in_a_chat_stream_are_a_400(server: LiveServer) -> None:
+    body = {"model": MODEL, "messages": MESSAGES, "stream": True, "prompt_logprobs": 1}
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + "/v1/chat/completions", json=body
+    ) as response:
+        assert (response.status, await response.json()) == (400, {"error": {
+            "message": "prompt_logprobs is not available when stream is true",
+            "type": "invalid_request_error", "param": "prompt_logprobs", "code": None}})

@@ -3,6 +3,7 @@ offline engine on the same checkpoint."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import aiohttp
@@ -82,6 +83,39 @@ async def test_stream_sends_one_chunk_per_token_and_usage_last(client: AsyncOpen
     assert (usage_chunk.usage.prompt_tokens, usage_chunk.usage.completion_tokens) == (
         len(expected.prompt_token_ids), 6)
     assert len({c.id for c in chunks}) == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+async def test_continuous_usage_stats_put_each_choices_usage_on_every_chunk(
+        server: LiveServer, path: str) -> None:
+    # vLLM's stream option, which gateways and benchmark clients set (a 400 before).
+    body = {"model": MODEL, "max_tokens": 3, "n": 2, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body.update({"prompt": [PROMPT, OTHER_PROMPT]} if "chat" not in path else
+                {"messages": [{"role": "user", "content": PROMPT}]})
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + path, json=body
+    ) as response:
+        assert response.status == 200
+        events = [json.loads(line[6:]) for line in (await response.text()).splitlines()
+                  if line.startswith("data: {")]
+    *token_chunks, last = events
+    prompt_tokens = last["usage"]["prompt_tokens"]
+    seen: dict[int, int] = {}
+    for chunk in token_chunks:
+        (choice,) = chunk["choices"]
+        seen[choice["index"]] = seen.get(choice["index"], 0) + 1
+        assert chunk["usage"]["completion_tokens"] == seen[choice["index"]]
+        assert chunk["usage"]["total_tokens"] == (chunk["usage"]["prompt_tokens"]
+                                                  + seen[choice["index"]])
+    assert seen == {i: 3 for i in range(len(seen))}
+    assert (last["choices"], last["usage"]["completion_tokens"]) == ([], 3 * len(seen))
+    if "chat" in path:
+        assert {c["usage"]["prompt_tokens"] for c in token_chunks} == {prompt_tokens}
+    else:
+        by_prompt = {c["choices"][0]["index"] // 2: c["usage"]["prompt_tokens"]
+                     for c in token_chunks}
+        assert sum(by_prompt.values()) == prompt_tokens and len(by_prompt) == 2
 
 
 async def test_prompt_lists_and_token_ids_give_one_choice_per_prompt(

@@ -60,6 +60,11 @@ CASES = [
                        "requested 1100 tokens (1000 in the prompt, 100 for the completion). "
                        "Please reduce the prompt or max_tokens.", "max_tokens"),
                  id="over-max-model-len"),
+    pytest.param("POST", "/v1/completions", {"model": MODEL, "prompt": [5] * 1024}, 400,
+                 error("This model's maximum context length is 1024 tokens. However, the "
+                       "prompt has 1024 tokens, which leaves no room for a completion. "
+                       "Please reduce the prompt.", "prompt"),
+                 id="prompt-fills-max-model-len"),
     pytest.param("POST", "/v1/completions", completion(suffix="!"), 400,
                  error("suffix is not supported by this server", "suffix"), id="suffix"),
     pytest.param("POST", "/v1/completions", completion(stream=True, use_beam_search=True), 400,

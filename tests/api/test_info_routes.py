@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import aiohttp
 from openai import AsyncOpenAI
 
 from pagedserve.common.load_hints import LoadHints
+from pagedserve.server.api.hints import STEP_CLOCK_KEY
 from pagedserve.server.api.serving_common import VERSION
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
@@ -50,9 +52,14 @@ async def test_load_reports_the_engine_state(server: LiveServer) -> None:
         "free_token_capacity": stats.total_kv_tokens, "num_preemptions": stats.num_preemptions,
         "max_num_seqs": 16, "max_num_batched_tokens": 512,
         "total_kv_tokens": 64 * 16,
+        "step_ms": server.app[STEP_CLOCK_KEY].step_ms,
+        "generated_tokens": stats.generation_tokens_total,
     }
-    hints = LoadHints.from_headers(headers)
-    assert hints == LoadHints(0.0, 0, 0, stats.total_kv_tokens, stats.num_preemptions)
+    expected = LoadHints.from_json(body)
+    assert expected is not None
+    if expected.step_ms is not None:  # a header carries the step time to the microsecond
+        expected = dataclasses.replace(expected, step_ms=round(expected.step_ms, 3))
+    assert LoadHints.from_headers(headers) == expected
 
 
 async def test_streamed_responses_carry_load_hints_too(server: LiveServer) -> None:
@@ -75,3 +82,24 @@ async def test_tokenize_and_detokenize_round_trip(server: LiveServer) -> None:
                          "tokens": tokenizer.encode(text), "max_model_len": 1024}
     status, detokenized = await post(server, "/detokenize", {"tokens": tokenized["tokens"]})
     assert (status, detokenized) == (200, {"prompt": text})
+
+
+async def test_tokenize_takes_add_special_tokens_as_vllm_does(server: LiveServer) -> None:
+    # vLLM's benchmark client sends this to line its prompts up with the server's tokenizer.
+    text = "Paged attention"
+    tokenizer = server.engine.tokenizer
+    bos, plain = tokenizer.bos_token_id, tokenizer.encode(text, add_special_tokens=False)
+    status, tokenized = await post(
+        server, "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": False})
+    assert (status, tokenized["tokens"]) == (200, plain)
+    status, tokenized = await post(
+        server, "/tokenize", {"model": MODEL, "prompt": text, "add_special_tokens": True})
+    assert (status, tokenized["tokens"]) == (200, [bos, *plain])
+    messages = [{"role": "user", "content": text}]
+    _, chat = await post(server, "/tokenize", {"messages": messages})
+    _, framed = await post(server, "/tokenize", {"messages": messages, "add_special_tokens": True})
+    assert chat["tokens"][0] != bos
+    assert framed["tokens"] == [bos, *chat["tokens"]]
+    status, error = await post(server, "/tokenize", {"prompt": text, "add_special_tokens": "no"})
+    assert status == 400
+    assert error["error"]["param"] == "add_special_tokens"

@@ -55,9 +55,19 @@ async def test_an_invalid_stream_is_refused_before_it_starts(server: LiveServer,
     body.update({"prompt": "x"} if "chat" not in path else
                 {"messages": [{"role": "user", "content": "x"}]})
     expected = error("the request runs 40 sequences at once (n / best_of), more than "
-                     "max_num_seqs (16)", "best_of")
+                     "max_num_seqs (16)", "n")
     async with aiohttp.ClientSession() as session:
         for stream in (False, True):
             async with session.post(server.base_url + path,
                                     json={**body, "stream": stream}) as response:
                 assert (response.status, await response.json()) == (400, expected)
+
+
+async def test_too_wide_a_request_names_the_field_that_widened_it(server: LiveServer) -> None:
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1, "n": 2, "best_of": 40}
+    expected = error("the request runs 40 sequences at once (n / best_of), more than "
+                     "max_num_seqs (16)", "best_of")
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + "/v1/completions", json=body
+    ) as response:
+        assert (response.status, await response.json()) == (400, expected)

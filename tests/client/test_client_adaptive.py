@@ -1,9 +1,15 @@
 from __future__ import annotations
 
+import math
+import random
+from dataclasses import dataclass
+
 import pytest
 
 from pagedserve.client import AdaptiveBudget, AdaptiveConfig, TokenBudget
 from pagedserve.client.adaptive import BudgetPlan, plan_budget
+from pagedserve.client.budget import Reservation
+from pagedserve.client.latency_target import LatencyTarget
 from pagedserve.client.types import ServerLoad
 from pagedserve.common.load_hints import LoadHints
 
@@ -11,93 +17,219 @@ LOAD = ServerLoad(0.0, 0, 0, 1000, 0, max_num_seqs=8, max_num_batched_tokens=512
                   total_kv_tokens=1000)
 
 
-def hints(usage: float = 0.5, waiting: int = 0, preemptions: int = 0) -> LoadHints:
-    return LoadHints(usage, waiting, 4, 100, preemptions)
-
-
-def controller(initial: int = 1000, floor: int = 100, ceiling: int = 4000,
-               waiting_high: int | None = 2) -> AdaptiveBudget:
-    plan = BudgetPlan(initial, floor, ceiling, None, increase_per_window=100,
-                      waiting_high=waiting_high)
-    budget = TokenBudget(initial, hard_limit=ceiling)
-    return AdaptiveBudget(budget, plan, AdaptiveConfig())
-
-
 def test_plan_from_load():
     assert plan_budget(AdaptiveConfig(), LOAD, 500, None) == BudgetPlan(
-        initial_tokens=1000, min_tokens=62, max_tokens=4000, max_concurrency=16,
-        increase_per_window=125, waiting_high=2,
+        initial_tokens=900, min_tokens=56, max_tokens=4000, initial_concurrency=16,
+        max_concurrency=16, waiting_high=2, kv_tokens=1000,
     )
 
 
 def test_plan_without_hints_is_fixed():
     assert plan_budget(AdaptiveConfig(), None, 500, 7) == BudgetPlan(
-        initial_tokens=500, min_tokens=31, max_tokens=500, max_concurrency=7,
-        increase_per_window=62, waiting_high=None,
+        initial_tokens=500, min_tokens=31, max_tokens=500, initial_concurrency=7,
+        max_concurrency=7, waiting_high=2, kv_tokens=None,
     )
 
 
 def test_plan_honours_explicit_settings():
     config = AdaptiveConfig(initial_tokens=300, min_tokens=50, max_tokens=600,
-                            increase_per_window=10, waiting_high=5)
-    assert plan_budget(config, LOAD, 500, 3) == BudgetPlan(300, 50, 600, 3, 10, 5)
+                            initial_concurrency=2, waiting_high=5)
+    assert plan_budget(config, LOAD, 500, 3) == BudgetPlan(300, 50, 600, 2, 3, 5, 1000)
 
 
-def test_additive_increase_per_window():
-    c = controller()
-    c.on_success(0, 1000, hints())  # a whole budget's worth completed: +100
-    assert c.capacity == 1100
-    c.on_success(0, 550, hints())  # half a window: +50
-    c.on_success(0, 575, hints())
-    assert c.capacity == 1200
-    c.on_success(0, 6, hints())  # fractions accumulate: 0.5 of a token, no step yet
-    c.on_success(0, 6, hints())
-    assert list(c.history) == [("start", 1000), ("increase", 1100), ("increase", 1150),
-                               ("increase", 1200), ("increase", 1201)]
+# -- a simulated server whose throughput peaks at a known concurrency ----------------------
 
 
-def test_preemption_cuts_once_per_window():
-    c = controller()
-    c.on_success(0, 1, hints(preemptions=3))  # first sample: a baseline, not a rise
-    assert c.capacity == 1000
-    c.on_success(0, 1, hints(preemptions=4))
-    assert (c.capacity, c.epoch) == (500, 1)
-    c.on_success(0, 1, hints(preemptions=6))  # sent before the cut: stale, ignored
-    assert c.capacity == 500
-    c.on_success(1, 1, hints(preemptions=7))  # sent after the cut: cuts again
-    assert (c.capacity, c.epoch) == (250, 2)
-    assert [reason for reason, _ in c.history] == ["start", "preemption", "preemption"]
+@dataclass
+class Request:
+    reservation: Reservation
+    remaining: int
+    sent_at: float
+    epoch: int
 
 
-def test_rising_queue_cuts_and_a_full_server_holds():
-    c = controller()
-    c.on_success(0, 1000, hints(waiting=2))  # at the threshold: still room, grows
-    assert c.capacity == 1100
-    c.on_success(0, 1000, hints(waiting=3))  # above it and rising: cut
-    assert c.capacity == 550
-    c.on_success(1, 1000, hints(waiting=3))  # above but not rising: hold
-    c.on_success(1, 1000, hints(usage=0.97))  # KV nearly full: hold
-    assert c.capacity == 550
+class FakeEngine:
+    """Every step gives each running request one token and takes ``base + c·n²`` ms (±3%
+    noise), so tokens per second, ``n / step``, peak at ``n* = sqrt(base / c)``. KV holds
+    ``kv_tokens``; ``squeeze`` of them can be taken away (another tenant) to force
+    preemption."""
+
+    def __init__(self, base_ms: float, c_ms: float, kv_tokens: int = 100_000,
+                 max_num_seqs: int = 256) -> None:
+        self.base_ms, self.c_ms = base_ms, c_ms
+        self.kv_tokens, self.max_num_seqs = kv_tokens, max_num_seqs
+        self.squeeze = 0
+        self.preemptions = 0
+        self.generated = 0
+        self.rng = random.Random(0)
+
+    @property
+    def peak(self) -> float:
+        return math.sqrt(self.base_ms / self.c_ms)
+
+    def step_ms(self, n: int) -> float:
+        return (self.base_ms + self.c_ms * n * n) * self.rng.uniform(0.97, 1.03)
+
+    def load(self) -> ServerLoad:
+        return ServerLoad(0.0, 0, 0, self.kv_tokens, 0, max_num_seqs=self.max_num_seqs,
+                          max_num_batched_tokens=2048, total_kv_tokens=self.kv_tokens)
 
 
-def test_rate_limit_cuts_and_floor_holds():
-    c = controller(initial=300, floor=100)
+class Simulation:
+    """One client with an endless backlog of requests (10 prompt + 50 output tokens)."""
+
+    PROMPT, OUTPUT = 10, 50
+
+    def __init__(self, engine: FakeEngine, config: AdaptiveConfig | None = None) -> None:
+        self.engine = engine
+        self.now = 0.0
+        config = config or AdaptiveConfig()
+        plan = plan_budget(config, engine.load(), 10_000, None)
+        self.budget = TokenBudget(plan.initial_tokens, hard_limit=plan.max_tokens,
+                                  clock=lambda: self.now)
+        self.controller = AdaptiveBudget(self.budget, plan, config, now=0.0)
+        self.running: list[Request] = []
+        self.trace: list[tuple[float, int, float]] = []  # (time, running, tokens/s)
+
+    def run(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.now < end:
+            self.step()
+
+    def step(self) -> None:
+        size = self.PROMPT + self.OUTPUT
+        while (reservation := self.budget.try_acquire(size)) is not None:
+            self.running.append(Request(reservation, self.OUTPUT, self.now,
+                                        self.controller.epoch))
+        n = len(self.running)
+        step_s = self.engine.step_ms(n) / 1000.0
+        self.now += step_s
+        self.engine.generated += n
+        self.trace.append((self.now, n, n / step_s))
+        used = sum(self.PROMPT + self.OUTPUT - r.remaining for r in self.running)
+        if used > self.engine.kv_tokens - self.engine.squeeze:
+            self.engine.preemptions += 1
+        hints = LoadHints(min(1.0, used / self.engine.kv_tokens), 0, n,
+                          self.engine.kv_tokens - used, self.engine.preemptions,
+                          step_s * 1000.0, self.engine.generated)
+        self.controller.observe(hints, self.now)
+        for request in self.running:
+            request.remaining -= 1
+        for request in [r for r in self.running if r.remaining == 0]:
+            self.running.remove(request)
+            request.reservation.settle(size)
+            self.controller.on_success(request.epoch, size, hints, now=self.now,
+                                       sent_at=request.sent_at, completion_tokens=self.OUTPUT)
+
+    def mean_since(self, start: float) -> tuple[float, float]:
+        """Mean running count and tokens per second over the trace since ``start``."""
+        tail = [(n, rate) for t, n, rate in self.trace if t >= start]
+        return (sum(n for n, _ in tail) / len(tail), sum(r for _, r in tail) / len(tail))
+
+
+def best_rate(engine: FakeEngine) -> float:
+    n = engine.peak
+    return 1000.0 * n / (engine.base_ms + engine.c_ms * n * n)
+
+
+def test_settles_within_ten_percent_of_the_peak():
+    engine = FakeEngine(base_ms=20.0, c_ms=0.02)  # peak at 31.6 running
+    sim = Simulation(engine)
+    sim.run(20.0)
+    running, rate = sim.mean_since(10.0)
+    assert abs(running - engine.peak) <= 0.1 * engine.peak
+    assert rate >= 0.95 * best_rate(engine)
+    reasons = [reason for reason, _, _ in sim.controller.history]
+    assert reasons[:2] == ["start", "startup"] and "peak" in reasons
+    assert engine.preemptions == 0
+
+
+def test_follows_the_peak_when_the_workload_changes():
+    engine = FakeEngine(base_ms=20.0, c_ms=0.08)  # long contexts: the peak is at 15.8
+    sim = Simulation(engine)
+    sim.run(20.0)
+    engine.c_ms = 0.02  # short ones: it moves up to 31.6, found by probing within seconds
+    sim.run(20.0)
+    running, _ = sim.mean_since(sim.now - 3.0)
+    assert abs(running - engine.peak) <= 0.1 * engine.peak + 2
+    engine.c_ms = 0.08  # and back down: slower, the window drains only as answers come back
+    sim.run(30.0)
+    running, _ = sim.mean_since(sim.now - 3.0)
+    assert abs(running - engine.peak) <= 0.1 * engine.peak + 2
+    assert "shift" in [reason for reason, _, _ in sim.controller.history]
+
+
+def test_steps_back_when_the_server_starts_preempting():
+    engine = FakeEngine(base_ms=20.0, c_ms=0.02)
+    sim = Simulation(engine)
+    sim.run(10.0)
+    before = sim.controller.concurrency
+    engine.squeeze = engine.kv_tokens - 600  # room for ten requests' KV, no more
+    sim.run(0.5)
+    assert engine.preemptions > 0
+    cut = [(reason, window) for reason, window, _ in sim.controller.history
+           if reason == "preemption"]
+    assert cut and cut[0][1] <= before // 2
+    assert sim.controller.capacity <= int(0.9 * 0.9 * engine.kv_tokens)
+
+
+def test_kv_headroom_backs_off_before_the_cache_is_full():
+    # Reservations cover a 1000-token cache's worth of 60-token requests; with overcommit
+    # allowed, usage crosses 0.9 and the token capacity comes back before any preemption.
+    engine = FakeEngine(base_ms=20.0, c_ms=0.0001, kv_tokens=1000)
+    sim = Simulation(engine, AdaptiveConfig(initial_tokens=2000))
+    sim.run(5.0)
+    reasons = {reason for reason, _, _ in sim.controller.history}
+    assert "kv-headroom" in reasons
+    assert sim.controller.capacity < 2000
+
+
+def test_latency_target_caps_the_window():
+    engine = FakeEngine(base_ms=20.0, c_ms=0.02)
+    # TPOT here is the step time (answers queue nowhere): 30 ms allows ~22 running.
+    target = LatencyTarget("tpot", 30.0, percentile=90)
+    sim = Simulation(engine, AdaptiveConfig(target=target))
+    sim.run(30.0)
+    running, _ = sim.mean_since(20.0)
+    assert running <= math.sqrt((30.0 - 20.0) / 0.02) + 2
+    assert not sim.controller.target_unreachable
+
+
+def test_an_unreachable_latency_target_is_reported():
+    engine = FakeEngine(base_ms=20.0, c_ms=0.02)
+    sim = Simulation(engine, AdaptiveConfig(target=LatencyTarget("tpot", 5.0)))
+    sim.run(30.0)
+    assert sim.controller.concurrency == 1
+    assert sim.controller.target_unreachable
+    assert sim.controller.latency is not None
+    assert "against a target of 5 ms" in sim.controller.latency.describe()
+
+
+# -- without load hints: only 429s move the window -------------------------------------------
+
+
+def fixed_controller(window: int = 8) -> AdaptiveBudget:
+    plan = plan_budget(AdaptiveConfig(), None, 1000, window)
+    return AdaptiveBudget(TokenBudget(1000, hard_limit=1000), plan, AdaptiveConfig())
+
+
+def test_rate_limit_halves_the_window_once_per_epoch():
+    c = fixed_controller(8)
     c.on_rate_limited(0)
-    assert c.capacity == 150
+    assert (c.concurrency, c.epoch) == (4, 1)
+    c.on_rate_limited(0)  # sent before the cut: stale
+    assert c.concurrency == 4
     c.on_rate_limited(1)
-    assert c.capacity == 100
-    c.on_rate_limited(2)
-    assert c.capacity == 100
+    assert (c.concurrency, c.budget.max_concurrency) == (2, 2)
 
 
-def test_without_hints_grows_only_back_to_the_ceiling():
-    c = controller(initial=1000, ceiling=1000, waiting_high=None)
-    c.on_success(0, 1000, None)
-    assert c.capacity == 1000
+def test_without_hints_grows_back_to_where_it_started():
+    c = fixed_controller(8)
     c.on_rate_limited(0)
-    assert c.capacity == 500
-    c.on_success(1, 5000, None)
-    assert c.capacity == 1000
+    for _ in range(40):
+        c.on_success(1, 100, None)
+    assert c.concurrency == 8
+    assert [reason for reason, _, _ in c.history][:2] == ["start", "rate-limited"]
 
 
 @pytest.mark.parametrize(
@@ -105,11 +237,56 @@ def test_without_hints_grows_only_back_to_the_ceiling():
     [
         ({"decrease_factor": 1.0}, "decrease_factor must be in (0, 1), got 1.0"),
         ({"kv_usage_high": 0.0}, "kv_usage_high must be in (0, 1], got 0.0"),
+        ({"kv_usage_low": 0.95}, "kv_usage_low must be in (0, kv_usage_high), got 0.95"),
         ({"min_tokens": 0}, "min_tokens must be at least 1, got 0"),
         ({"waiting_high": -1}, "waiting_high must be at least 0, got -1"),
+        ({"interval_s": 0}, "interval_s must be positive, got 0"),
     ],
 )
 def test_config_rejects_bad_values(kwargs, message):
     with pytest.raises(ValueError) as info:
         AdaptiveConfig(**kwargs)
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("p99", 10.0), "metric must be 'tpot' or 'ttft', got 'p99'"),
+        (("tpot", 0.0), "target_ms must be positive, got 0.0"),
+        (("ttft", 10.0, 0), "percentile must be in (0, 100], got 0"),
+    ],
+)
+def test_latency_target_rejects_bad_values(args, message):
+    with pytest.raises(ValueError) as info:
+        LatencyTarget(*args)
+    assert str(info.value) == message
+
+
+def test_cli_latency_target_flags():
+    import argparse
+
+    from pagedserve.client import cli
+
+    parser = argparse.ArgumentParser(prog="pagedserve batch")
+    cli.add_arguments(parser)
+    args = parser.parse_args(["i", "o", "--base-url", "http://a:1", "--target-tpot-ms", "40",
+                              "--target-percentile", "99"])
+    pool, _ = cli.configs_from_args(args)
+    assert pool.adaptive.target == LatencyTarget("tpot", 40.0, 99.0)
+    args = parser.parse_args(["i", "o", "--base-url", "http://a:1", "--target-ttft-ms", "500"])
+    assert cli.configs_from_args(args)[0].adaptive.target == LatencyTarget("ttft", 500.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["i", "o", "--base-url", "http://a:1", "--target-tpot-ms", "4",
+                           "--target-ttft-ms", "5"])
+
+
+def test_an_unreachable_target_is_logged(caplog):
+    engine = FakeEngine(base_ms=20.0, c_ms=0.02)
+    sim = Simulation(engine, AdaptiveConfig(target=LatencyTarget("tpot", 5.0)))
+    with caplog.at_level("WARNING", logger="pagedserve.client.adaptive"):
+        sim.run(30.0)
+    (record,) = caplog.records
+    assert record.getMessage().startswith(
+        "latency target cannot be met at any budget: p90 time per output token ")
+    assert record.getMessage().endswith("against a target of 5 ms with one request in flight")

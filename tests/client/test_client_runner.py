@@ -204,14 +204,15 @@ async def test_adaptive_budget_follows_load_hints(serve):
     server, url = await serve(load=load, hints=hints, delay=0.01)
     async with await pool_for([url], tokens="auto") as pool:
         endpoint = pool.endpoints[0]
-        assert (endpoint.budget.capacity, endpoint.budget.hard_limit) == (200, 800)
+        # 0.9 of the KV size (the last blocks are part empty), a window of 8 requests.
+        assert (endpoint.budget.capacity, endpoint.budget.hard_limit) == (180, 800)
         assert endpoint.budget.max_concurrency == 8
         results = await BatchRunner(pool).run(requests(20, max_tokens=10))
     assert all(r.ok for r in results)
-    reasons = [reason for reason, _ in endpoint.adaptive.history]
-    assert reasons[0] == "start" and "preemption" in reasons
-    assert endpoint.budget.capacity < 200 + 25 * reasons.count("increase")
-    assert server.max_in_flight_tokens <= 800
+    history = list(endpoint.adaptive.history)
+    assert history[0] == ("start", 8, 180)
+    assert ("preemption", 4, 162) in history  # half the window, 0.9 of the safe share
+    assert server.max_in_flight_tokens <= 180
 
 
 async def test_adaptive_budget_cuts_on_429_without_hints(serve):
@@ -221,7 +222,8 @@ async def test_adaptive_budget_cuts_on_429_without_hints(serve):
         assert endpoint.budget.capacity == 32_768  # no /load: the fixed fallback
         results = await BatchRunner(pool).run(requests(3))
     assert all(r.ok for r in results)
-    assert ("rate-limited", 16_384) in endpoint.adaptive.history
+    # Without hints the window starts at the runner's 256 workers; the 429 halves it.
+    assert ("rate-limited", 128, 32_768) in endpoint.adaptive.history
 
 
 async def test_server_token_counter(serve):

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
+from pagedserve.kernels.dispatch import BACKEND_ENV
 from tests.checkpoints import load_hf_model, make_checkpoint
 from tests.tokenizer_files import write_hf_tokenizer
 
 MAX_NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def default_kernels() -> Iterator[None]:
+    """Parity runs the default kernel path (on CPU: the compiled attention), whatever the
+    rest of the suite uses; module scope, so that module-scoped engines get it too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BACKEND_ENV, "auto")
+        yield
 
 
 def prompt_token_ids(vocab_size: int, seed: int = 0) -> list[list[int]]:

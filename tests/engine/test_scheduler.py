@@ -186,8 +186,7 @@ def test_other_rejections() -> None:
     with pytest.raises(InvalidRequestError) as info:
         add(scheduler, "wide", 2, best_of=3)
     assert (info.value.param, info.value.message) == (
-        "best_of", "the request runs 3 sequences at once (n / best_of), more than "
-        "max_num_seqs (2)")
+        "n", "the request runs 3 sequences at once (n / best_of), more than max_num_seqs (2)")
     with pytest.raises(InvalidRequestError) as info:
         add(scheduler, "empty", 0)
     assert (info.value.param, info.value.message) == (

@@ -195,10 +195,12 @@ async def test_auto_budget_is_planned_from_the_servers_load(server: LiveServer) 
     async with await build_pool(PoolConfig([server.base_url])) as pool:
         (endpoint,) = pool.endpoints
         plan = endpoint.adaptive.plan
-        assert (plan.initial_tokens, plan.max_tokens) == (KV_TOKENS, 4 * KV_TOKENS)
-        assert (plan.max_concurrency, plan.waiting_high) == (2 * MAX_NUM_SEQS, MAX_NUM_SEQS // 4)
-        assert (endpoint.budget.capacity, endpoint.budget.hard_limit) == (KV_TOKENS,
-                                                                          4 * KV_TOKENS)
+        safe = int(0.9 * KV_TOKENS)
+        assert (plan.initial_tokens, plan.max_tokens, plan.kv_tokens) == (
+            safe, 4 * KV_TOKENS, KV_TOKENS)
+        assert (plan.max_concurrency, plan.waiting_high) == (2 * MAX_NUM_SEQS, 2)
+        assert (endpoint.budget.capacity, endpoint.budget.hard_limit) == (safe, 4 * KV_TOKENS)
+        assert endpoint.budget.max_concurrency == min(16, 2 * MAX_NUM_SEQS)
 
 
 def gated_counter(release_below: int,

@@ -6,20 +6,39 @@ import sys
 
 import pytest
 
-from pagedserve.kernels import attention, cache_ops
+from pagedserve.kernels import attention, cache_ops, compiled_attention, dispatch
 from pagedserve.kernels.dispatch import BACKEND_ENV, TORCH_OPS, KernelOps, get_kernel_ops
 
 
-def test_auto_on_cpu_is_the_torch_reference(monkeypatch):
-    monkeypatch.delenv(BACKEND_ENV, raising=False)
-    ops = get_kernel_ops("cpu")
+def test_torch_backend_is_the_reference():
+    ops = get_kernel_ops("cpu", "torch")
     assert ops is TORCH_OPS
-    assert ops.name == "torch"
+    assert ops.name == "torch" and ops.warm_up is None
     assert ops.paged_attention_decode is attention.paged_attention_decode
     assert ops.paged_attention_prefill is attention.paged_attention_prefill
     assert ops.reshape_and_cache is cache_ops.reshape_and_cache
     assert ops.copy_blocks is cache_ops.copy_blocks
     assert ops.swap_blocks is cache_ops.swap_blocks
+
+
+def test_auto_on_cpu_compiles_where_a_compiler_exists(monkeypatch):
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    monkeypatch.setenv("CXX", "g++")
+    monkeypatch.setattr(dispatch.shutil, "which", lambda name: f"/usr/bin/{name}")
+    ops = get_kernel_ops("cpu")
+    assert ops.name == "inductor"
+    assert ops.paged_attention_decode is compiled_attention.paged_attention_decode
+    assert ops.paged_attention_prefill is compiled_attention.paged_attention_prefill
+    assert ops.warm_up is compiled_attention.warm_up
+    assert ops.reshape_and_cache is cache_ops.reshape_and_cache
+    monkeypatch.setattr(dispatch.shutil, "which", lambda name: None)
+    assert get_kernel_ops("cpu") is TORCH_OPS
+
+
+def test_inductor_is_cpu_only():
+    with pytest.raises(ValueError) as info:
+        get_kernel_ops("cuda", "inductor")
+    assert str(info.value) == "kernel backend 'inductor' runs on the CPU only, not on 'cuda'"
 
 
 def test_torch_can_be_forced_on_cuda():
@@ -31,7 +50,7 @@ def test_environment_is_only_the_default_of_backend_none(monkeypatch):
     assert get_kernel_ops("cuda:0", None).name == "torch"
     monkeypatch.setenv(BACKEND_ENV, "triton")
     # An explicit backend, "auto" included, wins over the environment.
-    assert get_kernel_ops("cpu", "auto").name == "torch"
+    assert get_kernel_ops("cpu", "auto").name != "triton"
     assert get_kernel_ops("cpu", "torch").name == "torch"
 
 
@@ -39,14 +58,15 @@ def test_unknown_backend_names_the_choices(monkeypatch):
     with pytest.raises(ValueError) as info:
         get_kernel_ops("cpu", "cutlass")
     assert str(info.value) == (
-        "unknown kernel backend 'cutlass' (from backend); choose one of auto, torch, triton"
+        "unknown kernel backend 'cutlass' (from backend); choose one of auto, torch, triton, "
+        "inductor"
     )
     monkeypatch.setenv(BACKEND_ENV, "flash")
     with pytest.raises(ValueError) as info:
         get_kernel_ops("cpu", None)
     assert str(info.value) == (
         "unknown kernel backend 'flash' (from PAGEDSERVE_KERNEL_BACKEND); choose one of "
-        "auto, torch, triton"
+        "auto, torch, triton, inductor"
     )
 
 

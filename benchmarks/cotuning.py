@@ -1,0 +1,400 @@
+"""Client and server tuned together: does ``--max-inflight-tokens auto`` find the best budget?
+
+    python benchmarks/cotuning.py [--quick] [--plots docs/images]
+
+Builds a random-weight Llama (transformers' ``LlamaConfig``, float32, saved as safetensors),
+serves it with ``pagedserve serve`` (prefix caching on, a KV cache small enough that a large
+budget preempts), and for each of three workload shapes sends the same batch through the
+batch runner, side by side in one run:
+
+  sharegpt   long, variable answers (lognormal: mean 80 tokens in, 170 out)
+  alpaca     short answers (mean 19 in, 58 out)
+  prefix     a 5-shot prompt shared by every request (320 tokens) plus a short question
+
+A sweep of fixed ``--max-inflight-tokens`` budgets and ``auto``, ``--rounds`` times each in
+alternating order (forward, then backward), so that a drift in the machine's load hits every
+configuration alike; a configuration's throughput is over its rounds' summed time. Every request
+reserves exactly what it uses (token-id prompts, ``ignore_eos``, ``max_tokens`` = its answer
+length), and each run salts its prompts so no run finds another's prompts in the prefix cache
+(the 5-shot prefix is the same in every run: that is the point of the shape).
+
+Per shape it prints output tokens per second, p50/p99 request latency (time on the server,
+not in the client's queue), preemptions and 429s for each budget and for ``auto``, with
+``auto``'s operating point (the mean reserved tokens and requests it kept in flight). Then
+two replicas of different capacity (one limited to ``--small-max-num-seqs`` running
+sequences) each alone and both behind one pool, on the sharegpt shape. The last line is JSON:
+``auto_vs_best_fixed`` per shape and its minimum, and ``two_replicas_vs_sum_of_solo``. With
+``--plots DIR`` it writes one PNG per shape: throughput against the fixed budget, ``auto``'s
+operating point marked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from client_fanout import free_port, running_server, wait_healthy
+
+from pagedserve.client import AsyncClient, BatchRequest, BatchRunner, PoolConfig, build_pool
+from pagedserve.client.errors import APIStatusError
+from pagedserve.loadgen.lengths import LengthDistribution
+
+VOCAB = 8192
+SHOTS, SHOT_TOKENS = 5, 64
+VERBOSE = False
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    requests: int
+    input: LengthDistribution
+    output: LengthDistribution
+    prefix_tokens: int = 0
+
+
+SHAPES = {
+    "sharegpt": Shape("sharegpt", 200, LengthDistribution(80.0, 0.8, 4, 512),
+                      LengthDistribution(170.0, 0.8, 4, 512)),
+    "alpaca": Shape("alpaca", 640, LengthDistribution(19.0, 0.6, 2, 128),
+                    LengthDistribution(58.0, 0.8, 2, 256)),
+    "prefix": Shape("prefix", 480, LengthDistribution(24.0, 0.5, 4, 96),
+                    LengthDistribution(48.0, 0.6, 4, 192), prefix_tokens=SHOTS * SHOT_TOKENS),
+}
+
+
+@dataclass
+class RunResult:
+    budget: str
+    wall_s: float
+    completion_tokens: int
+    errors: int
+    p50_ms: float
+    p99_ms: float
+    preemptions: int
+    rate_limited: int
+    mean_inflight_tokens: float
+    mean_inflight_requests: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s
+
+
+def make_requests(shape: Shape, model: str, seed: int, salt: int) -> list[BatchRequest]:
+    """The shape's lengths come from ``seed`` (the same in every run); token ids from ``salt``
+    (fresh per run, so no run hits another's prompts in the prefix cache)."""
+    lengths = np.random.default_rng(seed)
+    inputs = shape.input.sample(lengths, shape.requests)
+    outputs = shape.output.sample(lengths, shape.requests)
+    prefix = np.random.default_rng(seed + 1).integers(1, VOCAB, shape.prefix_tokens).tolist()
+    tokens = np.random.default_rng(salt)
+    return [
+        BatchRequest(f"{shape.name}-{i}", "completions", {
+            "model": model,
+            "prompt": prefix + tokens.integers(1, VOCAB, int(n_in)).tolist(),
+            "max_tokens": int(n_out), "ignore_eos": True, "temperature": 0.0,
+        })
+        for i, (n_in, n_out) in enumerate(zip(inputs, outputs, strict=True))
+    ]
+
+
+class Recorder:
+    """Times every POST of a pool's clients and samples what the pool holds in flight."""
+
+    def __init__(self) -> None:
+        self.latencies_ms: list[float] = []
+        self.rate_limited = 0
+        self.samples: list[tuple[int, int]] = []
+
+    def wrap(self, client: AsyncClient) -> None:
+        original = client.request_json
+
+        async def timed(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                response = await original(method, path, *args, **kwargs)
+            except APIStatusError as exc:
+                self.rate_limited += exc.status_code == 429
+                raise
+            if method == "POST":
+                self.latencies_ms.append((time.perf_counter() - start) * 1000.0)
+            return response
+
+        client.request_json = timed  # type: ignore[method-assign]
+
+    async def sample(self, pool: Any, every_s: float = 0.1) -> None:
+        while True:
+            budgets = [e.budget for e in pool.endpoints]
+            self.samples.append((sum(b.in_flight_tokens for b in budgets),
+                                 sum(b.in_flight_requests for b in budgets)))
+            await asyncio.sleep(every_s)
+
+
+async def total_preemptions(urls: list[str]) -> int:
+    total = 0
+    for url in urls:
+        async with AsyncClient(url, max_retries=2) as client:
+            load = await client.load()
+        total += load.num_preemptions if load is not None else 0
+    return total
+
+
+async def run_once(urls: list[str], budget: int | str, requests: list[BatchRequest],
+                   label: str | None = None) -> RunResult:
+    before = await total_preemptions(urls)
+    recorder = Recorder()
+    config = PoolConfig(base_urls=urls, max_inflight_tokens=budget)
+    async with await build_pool(config) as pool:
+        for endpoint in pool.endpoints:
+            recorder.wrap(endpoint.client)
+        sampler = asyncio.create_task(recorder.sample(pool))
+        start = time.perf_counter()
+        results = await BatchRunner(pool).run(requests)
+        wall = time.perf_counter() - start
+        sampler.cancel()
+        if VERBOSE and budget == "auto":
+            for endpoint in pool.endpoints:
+                if endpoint.adaptive is not None:
+                    print(f"    {endpoint.name}: {list(endpoint.adaptive.history)}")
+    after = await total_preemptions(urls)
+    ok = [r for r in results if r.ok]
+    lat = np.array(recorder.latencies_ms or [0.0])
+    busy = [s for s in recorder.samples if s[1] > 0] or [(0, 0)]
+    return RunResult(
+        budget=label or str(budget), wall_s=wall,
+        completion_tokens=sum(r.usage.completion_tokens for r in ok if r.usage),
+        errors=len(results) - len(ok), p50_ms=float(np.percentile(lat, 50)),
+        p99_ms=float(np.percentile(lat, 99)), preemptions=after - before,
+        rate_limited=recorder.rate_limited,
+        mean_inflight_tokens=float(np.mean([s[0] for s in busy])),
+        mean_inflight_requests=float(np.mean([s[1] for s in busy])),
+    )
+
+
+def print_row(r: RunResult) -> None:
+    print(f"  {r.budget:>8}  {r.tokens_per_s:8.1f} tok/s  p50 {r.p50_ms:8.0f} ms  "
+          f"p99 {r.p99_ms:8.0f} ms  preempt {r.preemptions:4d}  429s {r.rate_limited:3d}  "
+          f"errors {r.errors}  in flight {r.mean_inflight_tokens:7.0f} tok "
+          f"/ {r.mean_inflight_requests:5.1f} req", flush=True)
+
+
+def merge(runs: list[RunResult]) -> RunResult:
+    """One configuration's rounds as one result: throughput over the summed wall time,
+    latency percentiles and in-flight means averaged, counts summed."""
+    return RunResult(
+        budget=runs[0].budget,
+        wall_s=sum(r.wall_s for r in runs),
+        completion_tokens=sum(r.completion_tokens for r in runs),
+        errors=sum(r.errors for r in runs),
+        p50_ms=float(np.mean([r.p50_ms for r in runs])),
+        p99_ms=float(np.mean([r.p99_ms for r in runs])),
+        preemptions=sum(r.preemptions for r in runs),
+        rate_limited=sum(r.rate_limited for r in runs),
+        mean_inflight_tokens=float(np.mean([r.mean_inflight_tokens for r in runs])),
+        mean_inflight_requests=float(np.mean([r.mean_inflight_requests for r in runs])),
+    )
+
+
+def rounds(configs: list[Any], count: int) -> list[Any]:
+    """Forward, then backward, and so on: a drift in the machine's load over the run hits
+    every configuration about equally."""
+    order: list[Any] = []
+    for i in range(count):
+        order += configs if i % 2 == 0 else configs[::-1]
+    return order
+
+
+async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
+                      seed: int, num_rounds: int) -> dict[str, Any]:
+    print(f"{shape.name}: {shape.requests} requests, {num_rounds} rounds", flush=True)
+    results: dict[str, list[RunResult]] = {}
+    for salt, budget in enumerate(rounds([*budgets, "auto"], num_rounds)):
+        requests = make_requests(shape, model, seed, salt=seed * 1000 + salt)
+        result = await run_once([url], budget, requests)
+        results.setdefault(str(budget), []).append(result)
+    runs = [merge(results[str(b)]) for b in [*budgets, "auto"]]
+    for run in runs:
+        print_row(run)
+    fixed, auto = runs[:-1], runs[-1]
+    best = max(fixed, key=lambda r: r.tokens_per_s)
+    return {
+        "runs": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in runs],
+        "best_fixed_budget": int(best.budget),
+        "auto_vs_best_fixed": auto.tokens_per_s / best.tokens_per_s,
+        "auto_preemptions": auto.preemptions,
+        "auto_429s": auto.rate_limited,
+    }
+
+
+async def two_replicas(urls: list[str], model: str, seed: int,
+                       num_rounds: int) -> dict[str, Any]:
+    shape = SHAPES["sharegpt"]
+    shape = Shape(shape.name, shape.requests // 2, shape.input, shape.output)
+    print(f"two replicas (auto), {shape.requests} sharegpt requests, {num_rounds} rounds",
+          flush=True)
+    targets = {"large": urls[:1], "small": urls[1:], "both": urls}
+    results: dict[str, list[RunResult]] = {}
+    for salt, label in enumerate(rounds(list(targets), num_rounds)):
+        requests = make_requests(shape, model, seed, salt=seed * 2000 + salt)
+        result = await run_once(targets[label], "auto", requests, label)
+        results.setdefault(label, []).append(result)
+    runs = {label: merge(results[label]) for label in targets}
+    for run in runs.values():
+        print_row(run)
+    solo = runs["large"].tokens_per_s + runs["small"].tokens_per_s
+    return {
+        "runs": {k: {**asdict(v), "tokens_per_s": v.tokens_per_s} for k, v in runs.items()},
+        "two_replicas_vs_sum_of_solo": runs["both"].tokens_per_s / solo,
+        "errors": sum(r.errors for r in runs.values()),
+    }
+
+
+def plot(shape: str, data: dict[str, Any], directory: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = [r for r in data["runs"] if r["budget"] != "auto"]
+    auto = data["runs"][-1]
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.plot([int(r["budget"]) for r in fixed], [r["tokens_per_s"] for r in fixed], "o-",
+            label="fixed budget")
+    ax.plot([auto["mean_inflight_tokens"]], [auto["tokens_per_s"]], "r*", markersize=14,
+            label="auto (mean tokens in flight)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("in-flight token budget")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title(f"{shape}: auto at {data['auto_vs_best_fixed']:.0%} of the best fixed budget")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"cotuning_{shape}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def build_checkpoint(directory: Path, hidden: int, layers: int) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+        num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+        max_position_embeddings=2048, torch_dtype="float32", tie_word_embeddings=False,
+    )
+    LlamaForCausalLM(config).eval().save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a quarter of the requests, three budgets")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--budgets", default="4096,8192,16384,65536")
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--num-kv-blocks", type=int, default=1536,
+                        help="KV cache of the server, in 16-token blocks")
+    parser.add_argument("--small-max-num-seqs", type=int, default=8,
+                        help="the smaller replica's --max-num-seqs")
+    parser.add_argument("--no-replicas", action="store_true")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per server (1: two replicas get a core each)")
+    parser.add_argument("--plots", type=Path, default=None, help="write PNGs here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each configuration, in alternating order")
+    parser.add_argument("--verbose", action="store_true", help="print auto's decisions")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.budgets, args.rounds = "4096,16384,65536", 1
+    return args
+
+
+def scaled(shape: Shape, quick: bool) -> Shape:
+    if not quick:
+        return shape
+    return Shape(shape.name, shape.requests // 4, shape.input, shape.output,
+                 shape.prefix_tokens)
+
+
+async def main_async(args: argparse.Namespace, urls: list[str], processes: list) -> dict:
+    for url, process in zip(urls, processes, strict=True):
+        await wait_healthy(url, process, 300.0)
+    model = args.model_dir
+    budgets = [int(b) for b in args.budgets.split(",")]
+    shapes = {}
+    for name in args.shapes.split(","):
+        shape = scaled(SHAPES[name], args.quick)
+        await run_once(urls[:1], 4096, make_requests(shape, model, 99, 99)[:8])  # warm up
+        shapes[name] = await sweep_shape(urls[0], model, shape, budgets, args.seed,
+                                         args.rounds)
+        if args.plots is not None:
+            print(f"  plot: {plot(name, shapes[name], args.plots)}", flush=True)
+    line: dict[str, Any] = {
+        "model": f"llama hidden {args.hidden_size}, {args.num_layers} layers, float32",
+        "num_kv_tokens": args.num_kv_blocks * 16,
+        "load_average": os.getloadavg()[0],
+        "shapes": shapes,
+        "auto_vs_best_fixed": {k: v["auto_vs_best_fixed"] for k, v in shapes.items()},
+        "min_auto_vs_best_fixed": min(v["auto_vs_best_fixed"] for v in shapes.values()),
+        "auto_preemptions": sum(v["auto_preemptions"] for v in shapes.values()),
+        "auto_429s": sum(v["auto_429s"] for v in shapes.values()),
+    }
+    if len(urls) > 1:
+        replicas = await two_replicas(urls, model, args.seed, args.rounds)
+        line["two_replicas"] = replicas
+        line["two_replicas_vs_sum_of_solo"] = replicas["two_replicas_vs_sum_of_solo"]
+    return line
+
+
+def main(argv: list[str] | None = None) -> int:
+    global VERBOSE
+    args = parse_args(argv)
+    VERBOSE = args.verbose
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        args.model_dir = str(build_checkpoint(Path(tmp) / "model", args.hidden_size,
+                                              args.num_layers))
+        common = ["--skip-tokenizer-init", "--dtype", "float32", "--enable-prefix-caching",
+                  "--num-kv-blocks", str(args.num_kv_blocks), "--disable-access-log"]
+        replicas = [common]
+        if not args.no_replicas:
+            replicas.append([*common, "--max-num-seqs", str(args.small_max_num_seqs)])
+        urls, processes = [], []
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        for i, extra in enumerate(replicas):
+            port = free_port()
+            log = Path(tmp) / f"server{i}.log"
+            processes.append(stack.enter_context(
+                running_server(args.model_dir, port, extra, log, env=env)))
+            urls.append(f"http://127.0.0.1:{port}")
+        try:
+            line = asyncio.run(main_async(args, urls, processes))
+        except Exception:
+            for i in range(len(replicas)):
+                log = Path(tmp) / f"server{i}.log"
+                print(f"server log {i}:\n{log.read_text(errors='replace')[-3000:]}",
+                      file=sys.stderr)
+            raise
+    print(json.dumps(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

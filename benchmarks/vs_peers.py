@@ -1,0 +1,396 @@
+"""Served throughput of pagedserve against vLLM's CPU engine and llama.cpp's server, one server
+at a time on the same machine, model, precision (float32), KV budget and client.
+
+The model is the random-weight Llama of ``peer_model.py`` (or ``--model DIR``); llama.cpp serves
+the same weights converted to GGUF float32. Every workload is driven by ``vllm bench serve``
+(random dataset, ``--ignore-eos``, request rate inf, a max concurrency) from vLLM's own venv, and
+``pagedserve bench`` gives a second opinion on the first workload. Throughput counts completed
+requests only: a server that drops requests does not win by dropping them.
+
+KV budget: every server gets ``--kv-gib`` of KV cache. pagedserve and vLLM share theirs between
+requests; llama.cpp splits its context evenly between slots, so each workload restarts it with
+as many slots as the budget holds whole requests (at most the concurrency). One workload
+exceeds the budget at its concurrency (128 x 640 tokens > 65,536 in 1 GiB), so the KV cache is
+the limit there.
+
+    python benchmarks/vs_peers.py --vllm PATH --llama-server PATH [--quick]
+
+A peer that is not installed is skipped with the reason. Last line: one JSON object with
+``ratio_vs_vllm_cpu`` and ``ratio_vs_llama_cpp`` per workload and the minimum of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+# Run as a script: its own folder is on sys.path.
+from peer_model import build_peer_model
+
+BYTES_PER_GIB = 1 << 30
+# The console script installed beside this interpreter.
+PAGEDSERVE = str(Path(sys.executable).with_name("pagedserve"))
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    input_len: int
+    output_len: int
+    num_prompts: int
+    concurrency: int
+
+    @property
+    def tokens_per_request(self) -> int:
+        return self.input_len + self.output_len
+
+
+# One batch of prompts per concurrency level (a few minutes per server on 2 cores).
+WORKLOADS = [
+    Workload("short-c64", 128, 128, 64, 64),
+    Workload("short-c16", 128, 128, 16, 16),
+    Workload("long-prompt-c32", 512, 128, 32, 32),
+    Workload("long-prompt-c128-kv-bound", 512, 128, 128, 128),
+    Workload("long-output-c32", 64, 512, 32, 32),
+]
+
+
+def quick(workloads: list[Workload]) -> list[Workload]:
+    """A smoke-test size: a quarter of the output tokens, concurrencies kept."""
+    return [Workload(w.name, w.input_len, max(8, w.output_len // 4), w.num_prompts,
+                     w.concurrency) for w in workloads]
+
+
+# -- servers -------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+
+    def start(self) -> subprocess.Popen:
+        with self.log.open("ab") as log:
+            # Run from the work directory: from this repository's root, ``import kernels``
+            # (which transformers tries) would find this project's kernels/ folder.
+            return subprocess.Popen(self.command, env={**os.environ, **self.env}, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    cwd=self.log.parent)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout: float) -> float:
+    """Seconds until ``/v1/models`` answers 200; raises if the server exits or times out."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(base_url + "/v1/models", timeout=5) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"server not ready after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def pagedserve_server(model: Path, port: int, kv_gib: float, logs: Path) -> Server:
+    command = [PAGEDSERVE, "serve", "--model", str(model),
+               "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+               "--kv-cache-memory", str(int(kv_gib * BYTES_PER_GIB)), "--max-num-seqs", "256"]
+    return Server("pagedserve", command, {}, logs / "pagedserve.log")
+
+
+def vllm_server(vllm: Path, model: Path, port: int, kv_gib: float, logs: Path) -> Server:
+    command = [str(vllm), "serve", str(model), "--dtype", "float32", "--host", "127.0.0.1",
+               "--port", str(port), "--max-num-seqs", "256"]
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(int(kv_gib))}
+    return Server("vllm_cpu", command, env, logs / "vllm.log")
+
+
+def llama_slots(workload: Workload, kv_tokens: int) -> int:
+    return max(1, min(workload.concurrency, kv_tokens // workload.tokens_per_request))
+
+
+def llama_server(binary: Path, gguf: Path, port: int, workload: Workload, kv_tokens: int,
+                 logs: Path) -> Server:
+    slots = llama_slots(workload, kv_tokens)
+    command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+               "-np", str(slots), "-c", str(slots * workload.tokens_per_request),
+               "-t", str(os.cpu_count() or 1), "--threads-http", str(slots + 16)]
+    return Server("llama_cpp", command, {}, logs / "llama.log")
+
+
+def convert_to_gguf(llama_binary: Path, model: Path, out: Path) -> Path:
+    """The checkpoint as GGUF float32, with the converter of the llama.cpp source tree that
+    built ``llama_binary`` (``src/build/bin/llama-server``)."""
+    src = llama_binary.resolve().parents[2]
+    if out.exists():
+        return out
+    subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(model), "--outtype",
+                    "f32", "--outfile", str(out)], check=True, capture_output=True, cwd=out.parent,
+                   env={**os.environ, "PYTHONPATH": str(src / "gguf-py")})
+    return out
+
+
+# -- clients -------------------------------------------------------------------------------
+
+
+def vllm_bench(vllm: Path, base_url: str, model: Path, w: Workload, out: Path) -> dict:
+    command = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", base_url,
+               "--model", str(model), "--tokenizer", str(model), "--dataset-name", "random",
+               "--random-input-len", str(w.input_len), "--random-output-len",
+               str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
+               str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
+               "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),
+               "--result-filename", out.name]
+    _run_client(command, {"VLLM_TARGET_DEVICE": "cpu"}, out)
+    raw = json.loads(out.read_text())
+    return _summary(raw, w)
+
+
+def pagedserve_bench(base_url: str, model: Path, w: Workload, out: Path) -> dict:
+    command = [PAGEDSERVE, "bench", "--base-url", base_url,
+               "--model", str(model), "--tokenizer", "server", "--dataset-name", "random",
+               "--random-input-len", str(w.input_len), "--random-output-len",
+               str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
+               str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
+               "--disable-tqdm", "--result-json", str(out)]
+    _run_client(command, {}, out)
+    return _summary(json.loads(out.read_text()), w)
+
+
+def _run_client(command: list[str], env: dict[str, str], out: Path) -> None:
+    log = out.with_suffix(".log")
+    with log.open("wb") as sink:
+        done = subprocess.run(command, env={**os.environ, **env}, stdout=sink,
+                              stderr=subprocess.STDOUT, cwd=out.parent)
+    if done.returncode != 0 or not out.exists():
+        tail = log.read_text(errors="replace")[-1500:]
+        raise RuntimeError(f"client exited with {done.returncode}:\n{tail}")
+
+
+def _summary(raw: dict, w: Workload) -> dict:
+    completed = int(raw["completed"])
+    duration = float(raw["duration"])
+    # Output tokens of completed requests only, over the whole run's wall time.
+    tokens = int(raw["total_output_tokens"])
+    return {"output_tok_s": tokens / duration, "completed": completed,
+            "failed": w.num_prompts - completed, "duration_s": duration,
+            "mean_ttft_ms": raw.get("mean_ttft_ms"), "mean_tpot_ms": raw.get("mean_tpot_ms")}
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+def find_tool(given: str | None, name: str) -> tuple[Path | None, str | None]:
+    """(path, None) or (None, why it is skipped)."""
+    if given is None:
+        found = shutil.which(name)
+        if found is None:
+            return None, f"not installed (not on PATH; pass --{name} PATH)"
+        given = found
+    path = Path(given)
+    if not path.is_file() or not os.access(path, os.X_OK):
+        return None, f"{path} is not an executable"
+    return path, None
+
+
+def run_shared_server(server: Server, base_url: str, workloads: list[Workload],
+                      bench: callable, startup_timeout: float) -> dict:
+    """One server for all workloads (pagedserve, vLLM)."""
+    proc = server.start()
+    try:
+        ready_s = wait_ready(base_url, proc, startup_timeout)
+        results = {"startup_s": ready_s}
+        for w in workloads:
+            results[w.name] = bench(w)
+            print(f"  {server.name:10s} {w.name:28s} {results[w.name]['output_tok_s']:8.1f} "
+                  f"tok/s  completed {results[w.name]['completed']}/{w.num_prompts}",
+                  flush=True)
+        return results
+    finally:
+        stop(proc)
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a Hugging Face Llama directory (default: build the "
+                                        "benchmark model into --work-dir)")
+    parser.add_argument("--vllm", help="vLLM's executable (../shared/peers/install-vllm-cpu.sh)")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server "
+                                               "(../shared/peers/install-llama-cpp.sh)")
+    parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "vs_peers"))
+    parser.add_argument("--kv-gib", type=int, default=1, help="KV cache of every server, GiB")
+    parser.add_argument("--only", default="", help="comma-separated workload names")
+    parser.add_argument("--quick", action="store_true", help="a quarter of the output tokens")
+    parser.add_argument("--startup-timeout", type=float, default=900.0)
+    args = parser.parse_args()
+
+    work = Path(args.work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model = Path(args.model).resolve() if args.model else build_peer_model(work / "model")
+    workloads = [w for w in WORKLOADS if not args.only or w.name in args.only.split(",")]
+    workloads = quick(workloads) if args.quick else workloads
+    kv_tokens = kv_budget_tokens(model, args.kv_gib)
+    vllm, vllm_skip = find_tool(args.vllm, "vllm")
+    llama, llama_skip = find_tool(args.llama_server, "llama-server")
+    print(f"{os.cpu_count()} cores, load average {load_average()}, model {model}, KV budget "
+          f"{args.kv_gib} GiB = {kv_tokens} tokens", flush=True)
+    skipped = {k: v for k, v in (("vllm_cpu", vllm_skip), ("llama_cpp", llama_skip)) if v}
+    for name, why in skipped.items():
+        print(f"skipping {name}: {why}", flush=True)
+
+    def client(base_url: str, tag: str):
+        def bench(w: Workload) -> dict:
+            out = work / f"{tag}-{w.name}.json"
+            out.unlink(missing_ok=True)
+            if vllm is not None:
+                return vllm_bench(vllm, base_url, model, w, out)
+            return pagedserve_bench(base_url, model, w, out)
+        return bench
+
+    results: dict[str, dict] = {}
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    results["pagedserve"] = run_shared_server(
+        pagedserve_server(model, port, args.kv_gib, work), base, workloads,
+        client(base, "pagedserve"), args.startup_timeout)
+    second = second_opinion(model, args, work, workloads[0]) if vllm is not None else None
+    if vllm is not None:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        try:
+            results["vllm_cpu"] = run_shared_server(
+                vllm_server(vllm, model, port, args.kv_gib, work), base, workloads,
+                client(base, "vllm"), args.startup_timeout)
+        except RuntimeError as exc:
+            skipped["vllm_cpu"] = f"failed: {exc}"
+            print(f"vllm_cpu failed: {exc}", flush=True)
+    if llama is not None:
+        try:
+            results["llama_cpp"] = run_llama(llama, model, workloads, kv_tokens, work, client,
+                                             args.startup_timeout)
+        except (RuntimeError, subprocess.CalledProcessError) as exc:
+            skipped["llama_cpp"] = f"failed: {exc}"
+            print(f"llama_cpp failed: {exc}", flush=True)
+    report(results, workloads, skipped, second, kv_tokens, args.kv_gib)
+
+
+def kv_budget_tokens(model: Path, kv_gib: int) -> int:
+    config = json.loads((model / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    return kv_gib * BYTES_PER_GIB // per_token
+
+
+def run_llama(binary: Path, model: Path, workloads: list[Workload], kv_tokens: int, work: Path,
+              client, startup_timeout: float) -> dict:
+    gguf = convert_to_gguf(binary, model, work / f"{model.name}-f32.gguf")
+    results: dict = {}
+    for w in workloads:
+        port = free_port()
+        base = f"http://127.0.0.1:{port}"
+        proc = llama_server(binary, gguf, port, w, kv_tokens, work).start()
+        try:
+            results.setdefault("startup_s", wait_ready(base, proc, startup_timeout))
+            results[w.name] = client(base, "llama")(w) | {"slots": llama_slots(w, kv_tokens)}
+        finally:
+            stop(proc)
+        print(f"  llama_cpp  {w.name:28s} {results[w.name]['output_tok_s']:8.1f} tok/s  "
+              f"completed {results[w.name]['completed']}/{w.num_prompts}  slots "
+              f"{results[w.name]['slots']}", flush=True)
+    return results
+
+
+def second_opinion(model: Path, args: argparse.Namespace, work: Path, w: Workload) -> dict:
+    """pagedserve's own client against pagedserve on the first workload."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = pagedserve_server(model, port, args.kv_gib, work).start()
+    try:
+        wait_ready(base, proc, args.startup_timeout)
+        result = pagedserve_bench(base, model, w, work / f"second-{w.name}.json")
+    finally:
+        stop(proc)
+    print(f"  pagedserve {w.name:28s} {result['output_tok_s']:8.1f} tok/s  (pagedserve bench)",
+          flush=True)
+    return {"workload": w.name, "pagedserve_bench": result}
+
+
+def _ratio(ours: dict, theirs: dict | None) -> float | None:
+    if theirs is None or theirs["output_tok_s"] <= 0:
+        return None
+    return round(ours["output_tok_s"] / theirs["output_tok_s"], 3)
+
+
+def report(results: dict, workloads: list[Workload], skipped: dict, second: dict | None,
+           kv_tokens: int, kv_gib: int) -> None:
+    print(f"\n{'workload':30s} {'pagedserve':>11s} {'vLLM CPU':>9s} {'llama.cpp':>10s} "
+          f"{'vs vLLM':>8s} {'vs llama':>9s}   (output tok/s, completed requests only)")
+    rows = {}
+    for w in workloads:
+        ours = results["pagedserve"][w.name]
+        vllm = results.get("vllm_cpu", {}).get(w.name)
+        llama = results.get("llama_cpp", {}).get(w.name)
+        row = {"input_len": w.input_len, "output_len": w.output_len,
+               "num_prompts": w.num_prompts, "max_concurrency": w.concurrency,
+               "pagedserve": ours, "vllm_cpu": vllm, "llama_cpp": llama,
+               "ratio_vs_vllm_cpu": _ratio(ours, vllm), "ratio_vs_llama_cpp": _ratio(ours, llama)}
+        rows[w.name] = row
+
+        def cell(r: dict | None, width: int) -> str:
+            return f"{r['output_tok_s']:{width}.1f}" if r else f"{'-':>{width}s}"
+
+        def ratio(x: float | None, width: int) -> str:
+            return f"{x:{width}.2f}" if x is not None else f"{'-':>{width}s}"
+
+        print(f"{w.name:30s} {cell(ours, 11)} {cell(vllm, 9)} {cell(llama, 10)} "
+              f"{ratio(row['ratio_vs_vllm_cpu'], 8)} {ratio(row['ratio_vs_llama_cpp'], 9)}")
+    summary = {
+        "benchmark": "vs_peers", "cores": os.cpu_count(), "load_average_end": load_average(),
+        "kv_budget_gib": kv_gib, "kv_budget_tokens": kv_tokens,
+        "startup_s": {k: round(v["startup_s"], 1) for k, v in results.items()},
+        "skipped": skipped, "second_opinion": second, "workloads": rows,
+    }
+    for peer in ("vllm_cpu", "llama_cpp"):
+        ratios = [r[f"ratio_vs_{peer}"] for r in rows.values()
+                  if r[f"ratio_vs_{peer}"] is not None]
+        summary[f"min_ratio_vs_{peer}"] = min(ratios) if ratios else None
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""vs_peers: peers that are not installed are skipped with the reason, llama.cpp's slots fit
+the KV budget, and the last line reports ratios over completed requests only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+@pytest.fixture
+def vs_peers(import_benchmark):
+    return import_benchmark("vs_peers")
+
+
+def test_missing_peers_are_skipped_with_the_reason(vs_peers, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert vs_peers.find_tool(None, "vllm") == (
+        None, "not installed (not on PATH; pass --vllm PATH)")
+    path, why = vs_peers.find_tool(str(tmp_path / "llama-server"), "llama-server")
+    assert path is None and why == f"{tmp_path / 'llama-server'} is not an executable"
+
+
+def test_llama_slots_hold_whole_requests_within_the_budget(vs_peers):
+    short = vs_peers.Workload("s", 128, 128, 128, 64)
+    assert vs_peers.llama_slots(short, 65536) == 64
+    bound = vs_peers.Workload("b", 512, 128, 128, 128)
+    assert vs_peers.llama_slots(bound, 65536) == 102  # 65536 // 640
+
+
+def test_report_counts_completed_requests_and_takes_the_minimum(vs_peers, capsys):
+    a = vs_peers.Workload("a", 8, 8, 10, 4)
+    b = vs_peers.Workload("b", 8, 8, 10, 4)
+    raw = {"completed": 8, "duration": 2.0, "total_output_tokens": 64}
+    dropped = vs_peers._summary(raw, a)
+    assert (dropped["output_tok_s"], dropped["failed"]) == (32.0, 2)
+    results = {
+        "pagedserve": {"startup_s": 1.0, "a": {"output_tok_s": 30.0}, "b": {"output_tok_s": 40.0}},
+        "vllm_cpu": {"startup_s": 2.0, "a": {"output_tok_s": 20.0}, "b": {"output_tok_s": 50.0}},
+    }
+    vs_peers.report(results, [a, b], {"llama_cpp": "not installed"}, None, 100, 1)
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["workloads"]["a"]["ratio_vs_vllm_cpu"] == 1.5
+    assert last["workloads"]["b"]["ratio_vs_vllm_cpu"] == 0.8
+    assert last["min_ratio_vs_vllm_cpu"] == 0.8
+    assert last["min_ratio_vs_llama_cpp"] is None
+    assert last["skipped"] == {"llama_cpp": "not installed"}
+
+
+def test_peer_tokenizer_covers_every_id(import_benchmark, tmp_path):
+    from transformers import AutoTokenizer
+
+    import_benchmark("peer_model").write_tokenizer(tmp_path, 600)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tokenizer) == 600
+    assert all(tokenizer.convert_ids_to_tokens(i) is not None for i in range(600))
