@@ -65,8 +65,10 @@ def run_once(model_dir: str, sampled: bool, profile: bool) -> dict:
     runner.execute = timed(runner.execute, forward)
     runner.compute_logits = timed(runner.compute_logits, forward)
     decode_steps: list[tuple[float, float]] = []  # (step, forward) of steps without prefill
+    num_steps = [0]
 
     def observe(stats) -> None:
+        num_steps[0] += 1
         if stats.num_prefill_tokens == 0:
             decode_steps.append((stats.duration_s, sum(forward)))
         forward.clear()
@@ -87,7 +89,7 @@ def run_once(model_dir: str, sampled: bool, profile: bool) -> dict:
     wall = time.perf_counter() - start
     tokens = sum(len(r.outputs[0].token_ids) for r in results)
     if profiler:
-        print_profile(profiler, len(decode_steps))
+        print_profile(profiler, num_steps[0])
     steps = len(decode_steps)
     step_s = sum(step for step, _ in decode_steps)
     overhead_s = sum(step - fwd for step, fwd in decode_steps)
