@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from pagedserve.server.api.admission import OPEN_PATHS
 from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.step_timing import STEP_PHASES
 from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -175,6 +176,8 @@ class ServerMetrics:
             OWN + "step_phase_seconds",
             "Wall time of one engine step's phase: schedule, prepare, forward, sample, output.",
             [*LABELS, "phase"], registry=self.registry, buckets=STEP_PHASE_BUCKETS)
+        for phase in STEP_PHASES:
+            self._step_phase.labels(*self._values, phase)
 
     def _counter(self, name: str, doc: str) -> Counter:
         return Counter(name, doc, LABELS, registry=self.registry).labels(*self._values)

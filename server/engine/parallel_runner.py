@@ -18,6 +18,7 @@ from pagedserve.server.engine.kv_cache import KVCache
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.step_message import StepMessage, logit_rows, run_step
+from pagedserve.server.engine.step_timing import StepTimer
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.parallel_launcher import WorkerGroup
@@ -38,14 +39,17 @@ class TensorParallelRunner:
     def model(self) -> torch.nn.Module:
         return self.runner.model
 
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor | None, list[int]]:
+    def execute(self, out: SchedulerOutput, timer: StepTimer | None = None
+                ) -> tuple[torch.Tensor | None, list[int]]:
         """The step on every rank; returns rank 0's hidden states [T, hidden] and the query
-        start offsets, as ``ModelRunner.execute`` does."""
+        start offsets, as ``ModelRunner.execute`` does (``timer`` books the same phases)."""
         self.workers.check_health()
         inp = self.runner.prepare_input(out) if out.scheduled else None
         starts = inp.query_start_loc if inp is not None else [0]
         rows = logit_rows(out, starts)
         message = StepMessage.of(out, inp, rows)
+        if timer is not None:
+            timer.mark("prepare")
         try:
             self.workers.send(message)
             hidden, self._logits = run_step(self.runner, message)
@@ -57,6 +61,8 @@ class TensorParallelRunner:
                 raise error from exc
             raise
         self._logit_index = {row: i for i, row in enumerate(rows)}
+        if timer is not None:
+            timer.mark("forward")
         return hidden, starts
 
     def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

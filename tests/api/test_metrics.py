@@ -60,6 +60,7 @@ HISTOGRAMS = {
     "vllm:request_inference_time_seconds",
     "vllm:request_params_n",
     "vllm:request_params_max_tokens",
+    "pagedserve:step_phase_seconds",
 }
 # Series without vLLM's engine labels: HTTP traffic is the server's, not one engine's, and
 # vLLM's info gauge carries the cache configuration (and the engine) as its labels.

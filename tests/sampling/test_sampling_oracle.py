@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (
 )
 
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
+from pagedserve.server.sampling.warpers import _ascending_order, apply_top_k_top_p
 from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 64
@@ -117,3 +118,27 @@ def test_repetition_penalty_changes_the_greedy_choice() -> None:
     metadata = SamplingMetadata.build([penalized], VOCAB, "cpu")
     assert sampler(logits, metadata).sampled_token_ids.tolist() == [30]
     assert sampler.process_logits(logits, metadata)[0, 9].item() == 2.0
+
+
+def test_top_p_breaks_ties_by_token_id() -> None:
+    # 8192 equal logits at 0 and 1 in turn: top-p 0.5 of the upper half keeps the upper tokens
+    # in id order from the highest id down, whatever order the sort met them in.
+    logits = torch.zeros(1, 8192)
+    logits[0, 1::2] = 1.0
+    processed = apply_top_k_top_p(logits, None, torch.tensor([0.5]))
+    kept = torch.isfinite(processed[0]).nonzero().squeeze(1)
+    expected = _oracle(SamplingParams(temperature=1.0, top_p=0.5), logits[0])
+    assert torch.isfinite(expected).sum().item() == kept.numel()
+    assert kept.tolist() == list(range(8191 - 2 * (kept.numel() - 1), 8192, 2))
+
+
+def test_top_k_top_p_sort_matches_a_stable_sort_with_signed_zeros_infinities_and_nan() -> None:
+    logits = torch.randn(4, 8192, generator=torch.Generator().manual_seed(3))
+    logits[:, ::7] = 0.25
+    logits[:, 1::5] = -0.0
+    logits[:, 2::9] = 0.0
+    logits[:, 3::11] = float("-inf")
+    logits[:, 4::13] = float("inf")
+    logits[1, 5::17] = float("nan")
+    order = torch.argsort(logits, dim=-1, stable=True)
+    assert torch.equal(_ascending_order(logits), order)
