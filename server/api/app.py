@@ -105,7 +105,7 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
     # Imported here: torch loads with the engine, not with the API's modules.
     from pagedserve.server.engine.async_engine import AsyncEngine
 
-    engine_args = app[CONFIG_KEY].engine_args.for_server()
+    engine_args = app[CONFIG_KEY].engine_args
     engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args)
     await engine.start()
     track_steps(app, engine)

@@ -4,8 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
@@ -68,15 +67,6 @@ class EngineArgs:
             max_waiting_requests=self.max_waiting_requests,
         )
 
-    def for_server(self) -> EngineArgs:
-        """These arguments as the HTTP server runs them: on the CPU, without an explicit
-        ``cpu_threads``, every core but one computes and the event loop keeps the last (two
-        runnable compute threads beside a busy event loop on two cores stall each other at
-        every parallel region)."""
-        if self.cpu_threads is not None or self.device.split(":")[0] not in ("cpu", "auto"):
-            return self
-        return replace(self, cpu_threads=max(1, (os.cpu_count() or 1) - 1))
-
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs: Any) -> EngineArgs:
         known = {f.name for f in fields(cls)}
@@ -106,9 +96,9 @@ class EngineArgs:
                             "(Triton on CUDA; on CPU inductor-compiled attention, compiled at "
                             "start-up; torch: the uncompiled reference)")
         g.add_argument("--cpu-threads", type=int, default=None,
-                       help="torch intra-op threads on the CPU (default: one per core offline; "
-                            "under 'pagedserve serve' one per core but one, which the HTTP "
-                            "event loop keeps, as vLLM's CPU engine does)")
+                       help="torch intra-op threads on the CPU (default: torch's, one per "
+                            "core; on a machine shared with other busy processes fewer threads "
+                            "avoid OpenMP threads waiting on each other)")
         g.add_argument("--skip-tokenizer-init", action="store_true",
                        help="load no tokenizer: prompts must be token ids, no text output")
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
