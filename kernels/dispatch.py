@@ -2,7 +2,8 @@
 
 Backends: ``"torch"`` (the reference in this package, any device), ``"triton"``
 (``pagedserve.kernels.triton``, imported only when chosen) and ``"inductor"`` (CPU: decode
-attention compiled by torch.compile, reading KV blocks in place; ``compiled_attention.py``).
+attention compiled by torch.compile, reading KV blocks in place, ``compiled_attention.py``;
+linear weights prepacked for oneDNN, ``cpu_linear.py``).
 ``"auto"`` takes Triton for a CUDA device, inductor for the CPU when a C++ compiler is on the
 PATH (inductor builds its kernels with it), and the torch reference otherwise.
 
@@ -29,7 +30,8 @@ BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
 class KernelOps:
     """The five paged-KV ops of one backend (signatures in docs/internals.md), and for a
     compiling backend ``warm_up(num_heads, num_kv_heads, head_dim, block_size, dtype) ->
-    seconds``, which compiles before the first request."""
+    seconds``, which compiles before the first request. A backend with ``linear_packing``
+    has the model's linear layers reorder their weights once after loading."""
 
     name: str
     reshape_and_cache: Callable[..., None]
@@ -38,6 +40,17 @@ class KernelOps:
     copy_blocks: Callable[..., None]
     swap_blocks: Callable[..., None]
     warm_up: Callable[..., float] | None = None
+    linear_packing: LinearPacking | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LinearPacking:
+    """Prepacked linear layers: ``supports(dtype)``, ``pack(weight [out, in]) -> packed`` and
+    ``linear(x, packed, bias | None) -> y``."""
+
+    supports: Callable[[torch.dtype], bool]
+    pack: Callable[[torch.Tensor], torch.Tensor]
+    linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 
 
 TORCH_OPS = KernelOps(
@@ -75,7 +88,7 @@ def _triton_ops() -> KernelOps:
 
 
 def _inductor_ops() -> KernelOps:
-    from pagedserve.kernels import compiled_attention
+    from pagedserve.kernels import compiled_attention, cpu_linear
 
     return KernelOps(
         name="inductor",
@@ -85,6 +98,8 @@ def _inductor_ops() -> KernelOps:
         copy_blocks=cache_ops.copy_blocks,
         swap_blocks=cache_ops.swap_blocks,
         warm_up=compiled_attention.warm_up,
+        linear_packing=LinearPacking(cpu_linear.supports, cpu_linear.pack_weight,
+                                     cpu_linear.linear),
     )
 
 

@@ -18,7 +18,7 @@ from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
 from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
-from pagedserve.server.models.parallel_layers import check_tensor_parallel
+from pagedserve.server.models.parallel_layers import check_tensor_parallel, pack_linear_layers
 from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.weights import checkpoint_files, iterate_weights, load_weights
 
@@ -85,11 +85,13 @@ def load_model(
     materialize(model, run_dtype, device)
     load_weights(model, iterate_weights(checkpoint_files(model_dir)), str(model_dir))
     model.eval()
+    packed = pack_linear_layers(model, ops.linear_packing)
     if config.note:
         logger.warning("model %s: %s", model_dir, config.note)
     logger.info(
-        "loaded %s from %s: %s, %s, kernels %s%s",
+        "loaded %s from %s: %s, %s, kernels %s%s%s",
         config.architecture, model_dir, run_dtype, device, ops.name,
+        f" ({packed} linear layers prepacked for oneDNN)" if packed else "",
         f", tensor-parallel rank {group.rank} of {group.world_size}" if group.world_size > 1
         else "",
     )

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.kernels.dispatch import LinearPacking
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
@@ -77,7 +78,26 @@ def _even_specs(shards: dict[str, int], group: TensorParallelGroup) -> list[Shar
     return specs
 
 
-class ColumnParallelLinear(nn.Module):
+class PackableLinear(nn.Module):
+    """A projection whose weight a backend may prepack after loading (``pack``): the dense
+    weight is then released, and every matmul reads the packed one."""
+
+    weight: nn.Parameter | None
+    packed: torch.Tensor | None = None
+    packing: LinearPacking | None = None
+
+    def pack(self, packing: LinearPacking) -> None:
+        assert self.weight is not None, "packed twice"
+        self.packed, self.packing = packing.pack(self.weight), packing
+        self.weight = None  # a weight tied to an embedding stays there
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.packing is not None:
+            return self.packing.linear(x, self.packed, bias)
+        return F.linear(x, self.weight, bias)
+
+
+class ColumnParallelLinear(PackableLinear):
     """``x W^T + b`` with the output features split across ranks."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool,
@@ -90,7 +110,7 @@ class ColumnParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(end - start)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
     def checkpoint_slots(self, prefix: str, param_name: str) -> list[tuple[str, WeightSlot]]:
         param = getattr(self, param_name)
@@ -99,7 +119,7 @@ class ColumnParallelLinear(nn.Module):
         return [(f"{prefix}.{param_name}", slot)]
 
 
-class MergedColumnParallelLinear(nn.Module):
+class MergedColumnParallelLinear(PackableLinear):
     """One matmul for several checkpoint projections stacked along the output dim (vLLM's
     packed modules: ``qkv_proj`` holds ``q_proj``, ``k_proj``, ``v_proj``), each split across
     ranks as its ``ShardSpec`` says. The checkpoint names are siblings of this module's."""
@@ -118,7 +138,7 @@ class MergedColumnParallelLinear(nn.Module):
         return cls(in_features, _even_specs(shards, group), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
     def checkpoint_slots(self, prefix: str, param_name: str) -> list[tuple[str, WeightSlot]]:
         parent = prefix.rpartition(".")[0]
@@ -148,7 +168,7 @@ def qkv_parallel_linear(hidden_size: int, head_dim: int, num_heads: int, num_kv_
     return MergedColumnParallelLinear(hidden_size, specs, bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(PackableLinear):
     """``x W^T + b`` with the input features split: partial sums all-reduced, bias once."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool,
@@ -162,8 +182,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.group.world_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = self.group.all_reduce(F.linear(x, self.weight))
+            return self.matmul(x, self.bias)
+        y = self.group.all_reduce(self.matmul(x))
         return y if self.bias is None else y + self.bias
 
     def checkpoint_slots(self, prefix: str, param_name: str) -> list[tuple[str, WeightSlot]]:
@@ -205,7 +225,7 @@ class VocabParallelEmbedding(nn.Module):
                                                        self.num_owned, self.vocab_size))]
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(PackableLinear):
     """hidden [N, dim] -> float32 logits [N, vocab] on rank 0, None on the other ranks."""
 
     def __init__(self, vocab_size: int, embedding_dim: int,
@@ -217,12 +237,34 @@ class ParallelLMHead(nn.Module):
         self.weight = nn.Parameter(torch.empty(per_rank, embedding_dim))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        logits = self.group.gather_last_dim(F.linear(hidden, self.weight))
+        logits = self.group.gather_last_dim(self.matmul(hidden))
         return None if logits is None else logits[:, : self.vocab_size].float()
 
     def checkpoint_slots(self, prefix: str, param_name: str) -> list[tuple[str, WeightSlot]]:
         return [(f"{prefix}.{param_name}", _vocab_slot(self.weight, self.vocab_start,
                                                        self.num_owned, self.vocab_size))]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return (self.packed if self.weight is None else self.weight).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return (self.packed if self.weight is None else self.weight).device
+
+
+def pack_linear_layers(model: nn.Module, packing: LinearPacking | None) -> int:
+    """Prepacks every projection of ``model`` when the backend packs its dtype on its device;
+    returns how many it packed."""
+    layers = [m for m in model.modules() if isinstance(m, PackableLinear) and m.weight is not None]
+    if packing is None or not layers:
+        return 0
+    weight = layers[0].weight
+    if weight.device.type != "cpu" or not packing.supports(weight.dtype):
+        return 0
+    for layer in layers:
+        layer.pack(packing)
+    return len(layers)
 
 
 def _vocab_slot(weight: nn.Parameter, start: int, owned: int, vocab_size: int) -> WeightSlot:

@@ -1,0 +1,49 @@
+"""Linear layers on the CPU with weights prepacked for oneDNN.
+
+``F.linear`` hands each call to a GEMM that reorders the weight into its blocked layout on
+the fly; at the batch sizes of a decode step (tens of rows) that reordering costs as much as
+the multiply. oneDNN can reorder a weight once, at load time, into the layout its kernels
+read (what inductor's freezing pass and vLLM's CPU backend do): measured here 1.2-1.4x
+faster at 64 rows and about 3x at 7 rows for float32, 1.1-2x for bfloat16.
+
+``pack_weight`` returns an opaque ``torch._mkldnn`` tensor that only ``linear`` reads; the
+dense weight can be dropped after packing. Results differ from ``F.linear`` by float rounding
+(another summation order), so the torch reference backend never packs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_DTYPE_CHECKS = {
+    torch.float32: lambda: True,
+    torch.bfloat16: lambda: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+    torch.float16: lambda: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+}
+
+
+@functools.cache
+def supports(dtype: torch.dtype) -> bool:
+    """Whether this torch build and CPU run oneDNN linear layers in ``dtype``."""
+    if not torch.backends.mkldnn.is_available() or dtype not in _DTYPE_CHECKS:
+        return False
+    if not _DTYPE_CHECKS[dtype]():
+        return False
+    try:  # a build can list the ops and still fail to run them
+        weight = torch.ones(4, 8, dtype=dtype)
+        out = linear(torch.ones(2, 8, dtype=dtype), pack_weight(weight), None)
+    except RuntimeError:
+        return False
+    return bool((out == 8).all())
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] (dense, CPU) reordered for ``linear``."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous())
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` for a weight packed by ``pack_weight``; x is [..., in]."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
