@@ -4,10 +4,12 @@ Backends: ``"torch"`` (the reference in this package, any device), ``"triton"``
 (``pagedserve.kernels.triton``, imported only when chosen) and ``"inductor"`` (CPU: decode
 attention compiled by torch.compile, reading KV blocks in place, ``compiled_attention.py``;
 linear weights prepacked for oneDNN, ``cpu_linear.py``).
-``"auto"`` takes Triton for a CUDA device, inductor for the CPU when a C++ compiler is on the
-PATH (inductor builds its kernels with it), and the torch reference otherwise.
+``"cpu"`` is the inductor bundle with decode attention in C instead (``cpu_attention.py``,
+built for the host on first use). ``"auto"`` takes Triton for a CUDA device, ``"cpu"`` for the
+CPU when a C++ compiler is on the PATH (inductor and the C kernel build with it), and the torch
+reference otherwise.
 
-Environment: ``PAGEDSERVE_KERNEL_BACKEND`` (``auto`` | ``torch`` | ``triton``) is read only when
+Environment: ``PAGEDSERVE_KERNEL_BACKEND`` (one of ``BACKENDS``) is read only when
 the caller passes ``backend=None``; an explicit ``backend`` always wins over it.
 """
 
@@ -16,13 +18,13 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from pagedserve.kernels import attention, cache_ops
 
-BACKENDS = ("auto", "torch", "triton", "inductor")
+BACKENDS = ("auto", "torch", "triton", "inductor", "cpu")
 BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
 
 
@@ -103,6 +105,15 @@ def _inductor_ops() -> KernelOps:
     )
 
 
+def _cpu_ops() -> KernelOps:
+    from pagedserve.kernels import cpu_attention
+
+    return replace(_inductor_ops(), name="cpu",
+                   paged_attention_decode=cpu_attention.paged_attention_decode,
+                   paged_attention_prefill=cpu_attention.paged_attention_prefill,
+                   warm_up=cpu_attention.warm_up)
+
+
 def has_cpp_compiler() -> bool:
     """Whether inductor can build CPU kernels here ($CXX, else g++ / c++ / clang++)."""
     names = [os.environ["CXX"]] if os.environ.get("CXX") else ["g++", "c++", "clang++"]
@@ -126,9 +137,9 @@ def get_kernel_ops(device: torch.device | str, backend: str | None = "auto") -> 
         if kind == "cuda":
             backend = "triton"
         else:
-            backend = "inductor" if kind == "cpu" and has_cpp_compiler() else "torch"
-    if backend == "inductor" and kind != "cpu":
-        raise ValueError(f"kernel backend 'inductor' runs on the CPU only, not on {kind!r}")
+            backend = "cpu" if kind == "cpu" and has_cpp_compiler() else "torch"
+    if backend in ("inductor", "cpu") and kind != "cpu":
+        raise ValueError(f"kernel backend {backend!r} runs on the CPU only, not on {kind!r}")
     if backend == "triton":
         return _triton_ops()
-    return _inductor_ops() if backend == "inductor" else TORCH_OPS
+    return {"inductor": _inductor_ops, "cpu": _cpu_ops}.get(backend, lambda: TORCH_OPS)()

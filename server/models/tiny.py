@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from pagedserve.common.cache_dir import default_cache_dir
 from pagedserve.common.encoding import load_encoding
 from pagedserve.server.models.errors import ModelLoadError
 
 TINY_NAME = "tiny"
-CACHE_ENV = "PAGEDSERVE_CACHE_DIR"
 ENCODING = "cl100k_base"
 EOS_TOKEN = "<|endoftext|>"
 SEED = 0
@@ -42,11 +42,6 @@ NOTE = (
     "random weights (seeded): the embedded tiny model exercises the serving stack and "
     "produces gibberish; point --model at a real checkpoint for meaningful text"
 )
-
-
-def default_cache_dir() -> Path:
-    """``$PAGEDSERVE_CACHE_DIR``, else ``~/.cache/pagedserve``."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "pagedserve")
 
 
 def tiny_config() -> dict[str, Any]:

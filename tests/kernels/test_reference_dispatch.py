@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from pagedserve.kernels import attention, cache_ops, compiled_attention, dispatch
+from pagedserve.kernels import attention, cache_ops, compiled_attention, cpu_attention, dispatch
 from pagedserve.kernels.dispatch import BACKEND_ENV, TORCH_OPS, KernelOps, get_kernel_ops
 
 
@@ -26,19 +26,28 @@ def test_auto_on_cpu_compiles_where_a_compiler_exists(monkeypatch):
     monkeypatch.setenv("CXX", "g++")
     monkeypatch.setattr(dispatch.shutil, "which", lambda name: f"/usr/bin/{name}")
     ops = get_kernel_ops("cpu")
-    assert ops.name == "inductor"
-    assert ops.paged_attention_decode is compiled_attention.paged_attention_decode
-    assert ops.paged_attention_prefill is compiled_attention.paged_attention_prefill
-    assert ops.warm_up is compiled_attention.warm_up
+    assert ops.name == "cpu"
+    assert ops.paged_attention_decode is cpu_attention.paged_attention_decode
+    assert ops.paged_attention_prefill is cpu_attention.paged_attention_prefill
+    assert ops.warm_up is cpu_attention.warm_up
     assert ops.reshape_and_cache is cache_ops.reshape_and_cache
+    assert ops.linear_packing is not None
     monkeypatch.setattr(dispatch.shutil, "which", lambda name: None)
     assert get_kernel_ops("cpu") is TORCH_OPS
 
 
-def test_inductor_is_cpu_only():
+def test_inductor_keeps_the_compiled_attention():
+    ops = get_kernel_ops("cpu", "inductor")
+    assert ops.paged_attention_decode is compiled_attention.paged_attention_decode
+    assert ops.paged_attention_prefill is compiled_attention.paged_attention_prefill
+    assert ops.warm_up is compiled_attention.warm_up
+
+
+@pytest.mark.parametrize("backend", ["inductor", "cpu"])
+def test_cpu_backends_are_cpu_only(backend):
     with pytest.raises(ValueError) as info:
-        get_kernel_ops("cuda", "inductor")
-    assert str(info.value) == "kernel backend 'inductor' runs on the CPU only, not on 'cuda'"
+        get_kernel_ops("cuda", backend)
+    assert str(info.value) == f"kernel backend {backend!r} runs on the CPU only, not on 'cuda'"
 
 
 def test_torch_can_be_forced_on_cuda():
@@ -59,14 +68,14 @@ def test_unknown_backend_names_the_choices(monkeypatch):
         get_kernel_ops("cpu", "cutlass")
     assert str(info.value) == (
         "unknown kernel backend 'cutlass' (from backend); choose one of auto, torch, triton, "
-        "inductor"
+        "inductor, cpu"
     )
     monkeypatch.setenv(BACKEND_ENV, "flash")
     with pytest.raises(ValueError) as info:
         get_kernel_ops("cpu", None)
     assert str(info.value) == (
         "unknown kernel backend 'flash' (from PAGEDSERVE_KERNEL_BACKEND); choose one of "
-        "auto, torch, triton, inductor"
+        "auto, torch, triton, inductor, cpu"
     )
 
 

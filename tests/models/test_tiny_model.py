@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagedserve.common.cache_dir import CACHE_ENV
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.tiny import (
-    CACHE_ENV,
     NOTE,
     TINY_DIR_NAME,
     ensure_tiny_model,

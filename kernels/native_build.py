@@ -1,0 +1,67 @@
+"""Building and loading the C kernels in ``kernels/csrc`` for this machine.
+
+Each source is compiled once per machine (``-O3 -march=native``, so the host's vector units
+are used) into ``$PAGEDSERVE_CACHE_DIR/kernels``, keyed by a hash of the source, the flags and
+the compiler, and loaded with ``ctypes``. A build is written under a temporary name and
+renamed, so concurrent processes (tensor-parallel ranks, test workers) never load a partial
+file. No Python headers and no torch headers are needed: the kernels take raw pointers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from pagedserve.common.cache_dir import default_cache_dir
+
+SOURCE_DIR = Path(__file__).with_name("csrc")
+# Reassociation lets the compiler vectorise the dot products; no -ffast-math, which may flush
+# denormals for the whole process.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+         "-fno-trapping-math", "-fPIC", "-shared")
+
+
+class NativeBuildError(RuntimeError):
+    """The C compiler is missing or failed; the message carries its output."""
+
+
+def c_compiler() -> str | None:
+    """$CC, else the first of cc / gcc / clang on the PATH."""
+    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    return next((found for name in names if (found := shutil.which(name))), None)
+
+
+def _build_key(source: bytes, compiler: str) -> str:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             check=False).stdout
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def load_library(name: str) -> ctypes.CDLL:
+    """``csrc/NAME.c`` built for this machine and loaded (built on first use)."""
+    compiler = c_compiler()
+    if compiler is None:
+        raise NativeBuildError("no C compiler found (set $CC or install gcc)")
+    source_path = SOURCE_DIR / f"{name}.c"
+    source = source_path.read_bytes()
+    out_dir = default_cache_dir() / "kernels"
+    target = out_dir / f"{name}-{_build_key(source, compiler)}.so"
+    if not target.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+            partial = Path(tmp) / target.name
+            result = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(source_path)],
+                                    capture_output=True, text=True, check=False)
+            if result.returncode != 0:
+                raise NativeBuildError(f"compiling {source_path.name} with {compiler} failed:\n"
+                                       f"{result.stderr.strip()}")
+            os.replace(partial, target)
+    return ctypes.CDLL(str(target))

@@ -1,0 +1,132 @@
+"""The C decode attention (the default CPU backend) against a float64 reference and the torch
+reference: shuffled paged layouts with NaN in every unwritten slot, block sizes 8/16/32, GQA
+and MHA, head sizes with and without a specialised loop, float32 and bfloat16, ragged batches
+split across threads, a batch of one, and decode rows inside a mixed prefill step. Also the
+build: cached per machine, and a compiler failure reported with its output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from triton_cases import assert_matches, build_paged_kv, naive_decode, naive_prefill
+
+from pagedserve.common.cache_dir import CACHE_ENV
+from pagedserve.kernels import cpu_attention, native_build
+from pagedserve.kernels.dispatch import get_kernel_ops
+
+pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
+
+SCALE = 0.125
+REFERENCE = get_kernel_ops("cpu", backend="torch")
+
+
+def _queries(num_rows: int, num_heads: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.randn(num_rows, num_heads, head_dim, generator=gen).to(dtype)
+
+
+def _decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype):
+    kv = build_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype)
+    query = _queries(len(seq_lens), num_heads, head_dim, dtype)
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
+    return cpu_attention.paged_attention_decode(*args), query, kv, args
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("dtype,num_heads,num_kv_heads,head_dim", [
+    pytest.param(torch.float32, 8, 2, 64, id="fp32-gqa4-d64"),
+    pytest.param(torch.float32, 6, 3, 40, id="fp32-gqa2-d40"),
+    pytest.param(torch.bfloat16, 4, 4, 128, id="bf16-mha-d128"),
+])
+def test_decode_matches_reference(block_size, dtype, num_heads, num_kv_heads, head_dim):
+    seq_lens = [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 2, 5]
+    out, query, kv, args = _decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size,
+                                   dtype)
+    assert out.dtype == dtype and out.shape == query.shape
+    assert not out.isnan().any()
+    assert_matches(out, naive_decode(query, kv, SCALE), dtype)
+    assert_matches(out, REFERENCE.paged_attention_decode(*args).double(), dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_ragged_batch_split_across_threads(threads):
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, query, kv, _ = _decode([3, 300, 17, 1, 64, 250, 9], 8, 2, 64, 16, torch.float32)
+    finally:
+        torch.set_num_threads(before)
+    assert_matches(out, naive_decode(query, kv, SCALE), torch.float32)
+
+
+def test_a_batch_of_one():
+    kv = build_paged_kv([3, 300, 17], 2, 64, 16, torch.float32)
+    query = _queries(3, 8, 64, torch.float32)
+    one = cpu_attention.paged_attention_decode(
+        query[1:2], kv.key_cache, kv.value_cache, kv.block_tables[1:2], kv.seq_lens[1:2], SCALE)
+    assert_matches(one, naive_decode(query, kv, SCALE)[1:2], torch.float32)
+
+
+def test_split_balances_the_context_read():
+    lens = torch.tensor([100, 1, 1, 1, 100, 1, 1, 1], dtype=torch.int32)
+    assert cpu_attention._split(lens, 2) == [0, 4, 8]
+    assert cpu_attention._split(lens, 1) == [0, 8]
+    assert cpu_attention._split(lens[:1], 4) == [0, 1]
+
+
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_prefill_with_prefix_hits_and_decode_rows(block_size):
+    chunks = [(0, 7), (block_size - 1, 1), (block_size, 1), (block_size + 1, block_size + 2),
+              (2 * block_size + 8, 5)]
+    query_lens = [q for _, q in chunks]
+    starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
+    kv = build_paged_kv([c + q for c, q in chunks], 2, 64, block_size, torch.float32)
+    query = _queries(sum(query_lens), 8, 64, torch.float32)
+    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.seq_lens, SCALE)
+
+    out = cpu_attention.paged_attention_prefill(*args)
+
+    assert_matches(out, naive_prefill(query, kv, query_lens, SCALE), torch.float32)
+    assert_matches(out, REFERENCE.paged_attention_prefill(*args).double(), torch.float32)
+
+
+def test_bad_input_is_the_reference_error():
+    kv = build_paged_kv([5, 9], 2, 64, 8, torch.float32)
+    query = _queries(3, 8, 64, torch.float32)
+    with pytest.raises(ValueError, match="decode takes one query per sequence: query has 3 "
+                                         "rows for 2 sequences"):
+        cpu_attention.paged_attention_decode(
+            query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
+    too_long = torch.tensor([5, 99], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"seq_lens must lie in \[1, 24\]"):
+        cpu_attention.paged_attention_decode(
+            query[:2], kv.key_cache, kv.value_cache, kv.block_tables, too_long, SCALE)
+
+
+def test_the_build_is_cached_per_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    library = native_build.load_library.__wrapped__("paged_decode")
+    built = list((tmp_path / "kernels").glob("paged_decode-*.so"))
+    assert len(built) == 1 and hasattr(library, "paged_decode_f32")
+    mtime = built[0].stat().st_mtime_ns
+    native_build.load_library.__wrapped__("paged_decode")
+    assert built[0].stat().st_mtime_ns == mtime
+    assert [p.name for p in (tmp_path / "kernels").iterdir()] == [built[0].name]
+
+
+def test_a_compiler_failure_carries_its_output(tmp_path, monkeypatch):
+    (tmp_path / "broken.c").write_text("int f(void) { return undeclared; }\n")
+    monkeypatch.setattr(native_build, "SOURCE_DIR", tmp_path)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    with pytest.raises(native_build.NativeBuildError) as info:
+        native_build.load_library.__wrapped__("broken")
+    assert str(info.value).startswith("compiling broken.c with ")
+    assert "undeclared" in str(info.value)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: None)
+    with pytest.raises(native_build.NativeBuildError, match="no C compiler found"):
+        native_build.load_library.__wrapped__("broken")
+
+
+def test_warm_up_builds_the_kernel():
+    assert cpu_attention.warm_up(8, 2, 64, 16, torch.float32) >= 0
