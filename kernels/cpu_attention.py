@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from pagedserve.kernels import attention, compiled_attention
+from pagedserve.kernels import attention, compiled_attention, cpu_parallel
 from pagedserve.kernels.native_build import load_library
 
 _FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
@@ -35,30 +32,6 @@ def _kernel(dtype: torch.dtype):
     function = getattr(load_library("paged_decode"), _FUNCTIONS[dtype])
     function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
     return function
-
-
-_pool_lock = threading.Lock()
-_pools: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    with _pool_lock:
-        if workers not in _pools:
-            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="paged-decode")
-        return _pools[workers]
-
-
-def _split(seq_lens: torch.Tensor, parts: int) -> list[int]:
-    """Boundaries [0, ..., S] cutting the sequences into ``parts`` runs of about equal total
-    length (the work is proportional to the context read)."""
-    num_seqs = seq_lens.shape[0]
-    parts = max(1, min(parts, num_seqs))
-    if parts == 1:
-        return [0, num_seqs]
-    cumulative = torch.cumsum(seq_lens, 0, dtype=torch.int64)
-    targets = cumulative[-1] * torch.arange(1, parts, dtype=torch.int64) // parts
-    cuts = torch.searchsorted(cumulative, targets, right=True).tolist()
-    return [0, *cuts, num_seqs]
 
 
 def paged_attention_decode(
@@ -86,13 +59,8 @@ def paged_attention_decode(
     args = (query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
             lens.data_ptr(), out.data_ptr(), num_heads, num_kv_heads, head_dim, block_size,
             tables.shape[1], scale)
-    kernel = _kernel(query.dtype)
-    bounds = _split(lens, torch.get_num_threads())
-    ranges = list(itertools.pairwise(bounds))
-    futures = [_pool(len(ranges) - 1).submit(kernel, *args, lo, hi) for lo, hi in ranges[1:]]
-    failed = kernel(*args, *ranges[0])
-    failed |= any(future.result() for future in futures)
-    if failed:
+    bounds = cpu_parallel.balanced_bounds(lens, torch.get_num_threads())
+    if any(cpu_parallel.run_ranges(_kernel(query.dtype), args, bounds)):
         raise MemoryError("paged decode attention could not allocate its score buffer")
     return out
 

@@ -4,10 +4,10 @@ Backends: ``"torch"`` (the reference in this package, any device), ``"triton"``
 (``pagedserve.kernels.triton``, imported only when chosen) and ``"inductor"`` (CPU: decode
 attention compiled by torch.compile, reading KV blocks in place, ``compiled_attention.py``;
 linear weights prepacked for oneDNN, ``cpu_linear.py``).
-``"cpu"`` is the inductor bundle with decode attention in C instead (``cpu_attention.py``,
-built for the host on first use). ``"auto"`` takes Triton for a CUDA device, ``"cpu"`` for the
-CPU when a C++ compiler is on the PATH (inductor and the C kernel build with it), and the torch
-reference otherwise.
+``"cpu"`` is the inductor bundle with decode attention and the element-wise layer ops in C
+instead (``cpu_attention.py``, ``cpu_layer_ops.py``, built for the host on first use).
+``"auto"`` takes Triton for a CUDA device, ``"cpu"`` for the CPU when a C++ compiler is on the
+PATH (inductor and the C kernels build with it), and the torch reference otherwise.
 
 Environment: ``PAGEDSERVE_KERNEL_BACKEND`` (one of ``BACKENDS``) is read only when
 the caller passes ``backend=None``; an explicit ``backend`` always wins over it.
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pagedserve.kernels import attention, cache_ops
+from pagedserve.kernels import attention, cache_ops, layer_ops
 
 BACKENDS = ("auto", "torch", "triton", "inductor", "cpu")
 BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
@@ -30,10 +30,12 @@ BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
 
 @dataclass(frozen=True, slots=True)
 class KernelOps:
-    """The five paged-KV ops of one backend (signatures in docs/internals.md), and for a
-    compiling backend ``warm_up(num_heads, num_kv_heads, head_dim, block_size, dtype) ->
-    seconds``, which compiles before the first request. A backend with ``linear_packing``
-    has the model's linear layers reorder their weights once after loading."""
+    """The five paged-KV ops of one backend (signatures in docs/internals.md), the
+    element-wise ops between a layer's GEMMs (``layer_ops.py``; the torch reference unless a
+    backend has its own), and for a compiling backend ``warm_up(num_heads, num_kv_heads,
+    head_dim, block_size, dtype) -> seconds``, which compiles before the first request. A
+    backend with ``linear_packing`` has the model's linear layers reorder their weights once
+    after loading."""
 
     name: str
     reshape_and_cache: Callable[..., None]
@@ -43,6 +45,9 @@ class KernelOps:
     swap_blocks: Callable[..., None]
     warm_up: Callable[..., float] | None = None
     linear_packing: LinearPacking | None = None
+    rms_norm: Callable[..., torch.Tensor] = layer_ops.rms_norm
+    silu_and_mul: Callable[..., torch.Tensor] = layer_ops.silu_and_mul
+    rotary_: Callable[..., None] = layer_ops.rotary_
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,12 +111,23 @@ def _inductor_ops() -> KernelOps:
 
 
 def _cpu_ops() -> KernelOps:
-    from pagedserve.kernels import cpu_attention
+    from pagedserve.kernels import cpu_attention, cpu_layer_ops
 
     return replace(_inductor_ops(), name="cpu",
                    paged_attention_decode=cpu_attention.paged_attention_decode,
                    paged_attention_prefill=cpu_attention.paged_attention_prefill,
-                   warm_up=cpu_attention.warm_up)
+                   warm_up=_cpu_warm_up,
+                   rms_norm=cpu_layer_ops.rms_norm, silu_and_mul=cpu_layer_ops.silu_and_mul,
+                   rotary_=cpu_layer_ops.rotary_)
+
+
+def _cpu_warm_up(
+    num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
+) -> float:
+    from pagedserve.kernels import cpu_attention, cpu_layer_ops
+
+    seconds = cpu_attention.warm_up(num_heads, num_kv_heads, head_dim, block_size, dtype)
+    return seconds + cpu_layer_ops.warm_up(dtype)
 
 
 def has_cpp_compiler() -> bool:

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import (
@@ -37,17 +38,16 @@ def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    """RMSNorm through the backend's op (the torch reference: ``kernels/layer_ops.py``)."""
+
+    def __init__(self, hidden_size: int, eps: float, ops: KernelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.rms_norm = ops.rms_norm
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The variance in float32, as the reference implementations do: bf16 squares overflow
-        # precision long before they overflow range.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
+        return self.rms_norm(x, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -55,7 +55,7 @@ class GatedMLP(nn.Module):
     across ranks by columns, down by rows (one all-reduce)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool,
-                 group: TensorParallelGroup) -> None:
+                 group: TensorParallelGroup, ops: KernelOps) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear.even(
             hidden_size, {"gate_proj": intermediate_size, "up_proj": intermediate_size}, bias,
@@ -63,9 +63,14 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, group)
         self.act = get_activation(act)
+        # SiLU's gating is one fused op of the backend; other activations stay two ops.
+        self.silu_and_mul = ops.silu_and_mul if self.act is F.silu else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)  # [T, 2 I]
+        if self.silu_and_mul is not None:
+            return self.down_proj(self.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 
@@ -117,10 +122,3 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
         return freqs.cos(), freqs.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates halves (GPT-NeoX / Hugging Face layout) of x [T, heads, D] by cos/sin [T, D/2]."""
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

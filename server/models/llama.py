@@ -9,7 +9,7 @@ from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.attention import AttentionMetadata, PagedAttention
 from pagedserve.server.models.base import CausalLM, KVCaches
 from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from pagedserve.server.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import (
     ParallelLMHead,
@@ -37,6 +37,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
                                         o_bias, group)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, ops)
+        self.rotary_ = ops.rotary_
 
     def forward(
         self,
@@ -46,9 +47,11 @@ class LlamaAttention(nn.Module):
         attn: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
-        k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]
+        qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        self.rotary_(qkv, self.num_heads + self.num_kv_heads, cos, sin)  # q and k, in place
+        q, k, v = qkv.split(self.sizes, dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         out = self.attn(q, k, v, attn, kv_cache)  # [T, H, D]
         return self.o_proj(out.reshape(out.shape[0], -1))
@@ -60,12 +63,12 @@ class LlamaDecoderLayer(nn.Module):
         group: TensorParallelGroup,
     ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, ops)
         self.self_attn = LlamaAttention(config, ops, qkv_bias, o_bias, group)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps, ops)
         self.mlp = GatedMLP(
             config.hidden_size, config.intermediate_size, config.hidden_act,
-            bias=bool(config.hf_config.get("mlp_bias", False)), group=group,
+            bias=bool(config.hf_config.get("mlp_bias", False)), group=group, ops=ops,
         )
 
     def forward(
@@ -91,7 +94,7 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, ops, qkv_bias, o_bias, group)
             for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
 
     def forward(

@@ -11,7 +11,7 @@ import torch
 from triton_cases import assert_matches, build_paged_kv, naive_decode, naive_prefill
 
 from pagedserve.common.cache_dir import CACHE_ENV
-from pagedserve.kernels import cpu_attention, native_build
+from pagedserve.kernels import cpu_attention, cpu_parallel, native_build
 from pagedserve.kernels.dispatch import get_kernel_ops
 
 pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
@@ -69,9 +69,9 @@ def test_a_batch_of_one():
 
 def test_split_balances_the_context_read():
     lens = torch.tensor([100, 1, 1, 1, 100, 1, 1, 1], dtype=torch.int32)
-    assert cpu_attention._split(lens, 2) == [0, 4, 8]
-    assert cpu_attention._split(lens, 1) == [0, 8]
-    assert cpu_attention._split(lens[:1], 4) == [0, 1]
+    assert cpu_parallel.balanced_bounds(lens, 2) == [0, 4, 8]
+    assert cpu_parallel.balanced_bounds(lens, 1) == [0, 8]
+    assert cpu_parallel.balanced_bounds(lens[:1], 4) == [0, 1]
 
 
 @pytest.mark.parametrize("block_size", [8, 16])

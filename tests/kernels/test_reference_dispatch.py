@@ -6,7 +6,15 @@ import sys
 
 import pytest
 
-from pagedserve.kernels import attention, cache_ops, compiled_attention, cpu_attention, dispatch
+from pagedserve.kernels import (
+    attention,
+    cache_ops,
+    compiled_attention,
+    cpu_attention,
+    cpu_layer_ops,
+    dispatch,
+    layer_ops,
+)
 from pagedserve.kernels.dispatch import BACKEND_ENV, TORCH_OPS, KernelOps, get_kernel_ops
 
 
@@ -19,6 +27,9 @@ def test_torch_backend_is_the_reference():
     assert ops.reshape_and_cache is cache_ops.reshape_and_cache
     assert ops.copy_blocks is cache_ops.copy_blocks
     assert ops.swap_blocks is cache_ops.swap_blocks
+    assert ops.rms_norm is layer_ops.rms_norm
+    assert ops.silu_and_mul is layer_ops.silu_and_mul
+    assert ops.rotary_ is layer_ops.rotary_
 
 
 def test_auto_on_cpu_compiles_where_a_compiler_exists(monkeypatch):
@@ -29,7 +40,10 @@ def test_auto_on_cpu_compiles_where_a_compiler_exists(monkeypatch):
     assert ops.name == "cpu"
     assert ops.paged_attention_decode is cpu_attention.paged_attention_decode
     assert ops.paged_attention_prefill is cpu_attention.paged_attention_prefill
-    assert ops.warm_up is cpu_attention.warm_up
+    assert ops.warm_up is dispatch._cpu_warm_up
+    assert ops.rms_norm is cpu_layer_ops.rms_norm
+    assert ops.silu_and_mul is cpu_layer_ops.silu_and_mul
+    assert ops.rotary_ is cpu_layer_ops.rotary_
     assert ops.reshape_and_cache is cache_ops.reshape_and_cache
     assert ops.linear_packing is not None
     monkeypatch.setattr(dispatch.shutil, "which", lambda name: None)

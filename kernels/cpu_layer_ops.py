@@ -1,0 +1,85 @@
+"""RMSNorm, SiLU-and-mul and the rotary embedding on the CPU in C (``csrc/layer_ops.c``).
+
+Between a decoder layer's GEMMs the torch reference runs about twenty small ops (RMSNorm alone
+is seven: widen, square, mean, add, rsqrt, multiply, multiply), each a dispatch and a pass over
+the activation. Each function here is one pass and one call. float32 and bfloat16 run in C;
+other dtypes, and tensors on other devices, take the torch reference (``layer_ops.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import time
+
+import torch
+
+from pagedserve.kernels import cpu_parallel, layer_ops
+from pagedserve.kernels.native_build import load_library
+
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_ARGTYPES = {
+    "rms_norm": [_P, _I, _P, _P, _I, _I, _F, _I, _I],
+    "silu_and_mul": [_P, _P, _I, _I, _I],
+    "rotary": [_P, _I, _I, _I, _P, _P, _I, _I],
+}
+
+
+@functools.cache
+def _kernel(op: str, dtype: torch.dtype):
+    function = getattr(load_library("layer_ops"), f"{op}_{_SUFFIX[dtype]}")
+    function.argtypes, function.restype = _ARGTYPES[op], None
+    return function
+
+
+def _runs_here(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype in _SUFFIX for t in tensors)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Same contract as :func:`pagedserve.kernels.layer_ops.rms_norm`."""
+    if not _runs_here(x) or weight.dtype != x.dtype or x.stride(-1) != 1 or x.dim() != 2:
+        return layer_ops.rms_norm(x, weight, eps)
+    weight = weight.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    rows, hidden = x.shape
+    args = (x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), hidden, hidden, eps)
+    cpu_parallel.run_ranges(_kernel("rms_norm", x.dtype), args,
+                            cpu_parallel.even_bounds(rows, hidden))
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """Same contract as :func:`pagedserve.kernels.layer_ops.silu_and_mul`."""
+    if not _runs_here(x) or x.dim() != 2:
+        return layer_ops.silu_and_mul(x)
+    x = x.contiguous()
+    rows, width = x.shape
+    out = torch.empty(rows, width // 2, dtype=x.dtype)
+    args = (x.data_ptr(), out.data_ptr(), width // 2)
+    cpu_parallel.run_ranges(_kernel("silu_and_mul", x.dtype), args,
+                            cpu_parallel.even_bounds(rows, width))
+    return out
+
+
+def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Same contract as :func:`pagedserve.kernels.layer_ops.rotary_`."""
+    if not _runs_here(x) or x.dim() != 2 or x.stride(-1) != 1 or cos.dtype != torch.float32:
+        layer_ops.rotary_(x, heads, cos, sin)
+        return
+    cos, sin = cos.contiguous(), sin.contiguous()
+    rows, half = cos.shape
+    args = (x.data_ptr(), x.stride(0), heads, half, cos.data_ptr(), sin.data_ptr())
+    cpu_parallel.run_ranges(_kernel("rotary", x.dtype), args,
+                            cpu_parallel.even_bounds(rows, heads * 2 * half))
+
+
+def warm_up(dtype: torch.dtype) -> float:
+    """Builds the C library for this machine now (once; later processes load it); returns the
+    seconds spent."""
+    start = time.perf_counter()
+    if dtype in _SUFFIX:
+        for op in _ARGTYPES:
+            _kernel(op, dtype)
+    return time.perf_counter() - start

@@ -1,0 +1,109 @@
+/* The element-wise ops between a decoder layer's GEMMs, for the CPU: RMSNorm, SiLU-and-mul and
+ * the rotary embedding (GPT-NeoX halves). Each replaces a chain of torch ops, each of which
+ * reads and writes the whole activation and pays a dispatch, with one pass over the rows.
+ *
+ * Every function takes a row range [begin, end) so that the caller can split the rows across
+ * threads. Math is float32; bfloat16 inputs are widened on load and rounded to nearest even
+ * where the torch reference rounds, so bfloat16 results match it to within one rounding.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+static inline float from_bf16(bf16 v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline bf16 to_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16)(bits >> 16);
+}
+static inline float round_bf16(float v) { return from_bf16(to_bf16(v)); }
+
+/* out = weight * (x * rsqrt(mean(x^2) + eps)); x and out [rows, hidden] with row strides. */
+void rms_norm_f32(const float *x, int64_t x_stride, const float *weight, float *out,
+                  int64_t out_stride, int64_t hidden, float eps, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; r++) {
+        const float *xr = x + r * x_stride;
+        float *yr = out + r * out_stride, sum = 0.0f;
+        for (int64_t i = 0; i < hidden; i++) sum += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+        for (int64_t i = 0; i < hidden; i++) yr[i] = weight[i] * (xr[i] * inv);
+    }
+}
+
+/* As the torch reference in bfloat16: the normalised row is rounded, then multiplied. */
+void rms_norm_bf16(const bf16 *x, int64_t x_stride, const bf16 *weight, bf16 *out,
+                   int64_t out_stride, int64_t hidden, float eps, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; r++) {
+        const bf16 *xr = x + r * x_stride;
+        bf16 *yr = out + r * out_stride;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < hidden; i++) sum += from_bf16(xr[i]) * from_bf16(xr[i]);
+        const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+        for (int64_t i = 0; i < hidden; i++)
+            yr[i] = to_bf16(from_bf16(weight[i]) * round_bf16(from_bf16(xr[i]) * inv));
+    }
+}
+
+/* out[r] = silu(x[r, :d]) * x[r, d:]; x [rows, 2d], out [rows, d], both contiguous. */
+void silu_and_mul_f32(const float *x, float *out, int64_t d, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; r++) {
+        const float *gate = x + r * 2 * d, *up = gate + d;
+        float *yr = out + r * d;
+        for (int64_t i = 0; i < d; i++) yr[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
+}
+
+void silu_and_mul_bf16(const bf16 *x, bf16 *out, int64_t d, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; r++) {
+        const bf16 *gate = x + r * 2 * d, *up = gate + d;
+        bf16 *yr = out + r * d;
+        for (int64_t i = 0; i < d; i++) {
+            const float g = from_bf16(gate[i]);
+            yr[i] = to_bf16(round_bf16(g / (1.0f + expf(-g))) * from_bf16(up[i]));
+        }
+    }
+}
+
+/* Rotates, in place, the first `heads` head vectors of each row of x (row stride x_stride,
+ * head size 2 * half) by cos/sin [rows, half] (float32): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). */
+void rotary_f32(float *x, int64_t x_stride, int64_t heads, int64_t half, const float *cos_t,
+                const float *sin_t, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; r++) {
+        const float *c = cos_t + r * half, *s = sin_t + r * half;
+        for (int64_t h = 0; h < heads; h++) {
+            float *x1 = x + r * x_stride + h * 2 * half, *x2 = x1 + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = x1[i], b = x2[i];
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* As the torch reference in bfloat16: cos/sin rounded to bfloat16, every product and sum
+ * rounded. */
+void rotary_bf16(bf16 *x, int64_t x_stride, int64_t heads, int64_t half, const float *cos_t,
+                 const float *sin_t, int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; r++) {
+        const float *c = cos_t + r * half, *s = sin_t + r * half;
+        for (int64_t h = 0; h < heads; h++) {
+            bf16 *x1 = x + r * x_stride + h * 2 * half, *x2 = x1 + half;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = from_bf16(x1[i]), b = from_bf16(x2[i]);
+                const float cr = round_bf16(c[i]), sr = round_bf16(s[i]);
+                x1[i] = to_bf16(round_bf16(a * cr) - round_bf16(b * sr));
+                x2[i] = to_bf16(round_bf16(b * cr) + round_bf16(a * sr));
+            }
+        }
+    }
+}
