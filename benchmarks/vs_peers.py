@@ -55,6 +55,8 @@ class Workload:
         return self.input_len + self.output_len
 
 
+SERVERS = ("pagedserve", "vllm_cpu", "llama_cpp")
+
 # One batch of prompts per concurrency level (a few minutes per server on 2 cores).
 WORKLOADS = [
     Workload("short-c64", 128, 128, 64, 64),
@@ -145,7 +147,10 @@ def llama_server(binary: Path, gguf: Path, port: int, workload: Workload, kv_tok
     slots = llama_slots(workload, kv_tokens)
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                "-np", str(slots), "-c", str(slots * workload.tokens_per_request),
-               "-t", str(os.cpu_count() or 1), "--threads-http", str(slots + 16)]
+               "-t", str(os.cpu_count() or 1), "--threads-http", str(slots + 16),
+               # float32 KV like the other two servers (llama.cpp's default is float16, which
+               # halves the bytes its attention reads).
+               "--cache-type-k", "f32", "--cache-type-v", "f32"]
     return Server("llama_cpp", command, {}, logs / "llama.log")
 
 
@@ -256,6 +261,9 @@ def main() -> None:
     parser.add_argument("--kv-gib", type=int, default=1, help="KV cache of every server, GiB")
     parser.add_argument("--only", default="", help="comma-separated workload names")
     parser.add_argument("--quick", action="store_true", help="a quarter of the output tokens")
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help="comma-separated servers to run (vLLM's client is used whenever "
+                             "--vllm is given, even when its server is not run)")
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     args = parser.parse_args()
 
@@ -269,7 +277,9 @@ def main() -> None:
     llama, llama_skip = find_tool(args.llama_server, "llama-server")
     print(f"{os.cpu_count()} cores, load average {load_average()}, model {model}, KV budget "
           f"{args.kv_gib} GiB = {kv_tokens} tokens", flush=True)
+    chosen = set(args.servers.split(","))
     skipped = {k: v for k, v in (("vllm_cpu", vllm_skip), ("llama_cpp", llama_skip)) if v}
+    skipped |= {name: "not in --servers" for name in SERVERS if name not in chosen}
     for name, why in skipped.items():
         print(f"skipping {name}: {why}", flush=True)
 
@@ -285,11 +295,13 @@ def main() -> None:
     results: dict[str, dict] = {}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    results["pagedserve"] = run_shared_server(
-        pagedserve_server(model, port, args.kv_gib, work), base, workloads,
-        client(base, "pagedserve"), args.startup_timeout)
-    second = second_opinion(model, args, work, workloads[0]) if vllm is not None else None
-    if vllm is not None:
+    second = None
+    if "pagedserve" in chosen:
+        results["pagedserve"] = run_shared_server(
+            pagedserve_server(model, port, args.kv_gib, work), base, workloads,
+            client(base, "pagedserve"), args.startup_timeout)
+        second = second_opinion(model, args, work, workloads[0]) if vllm is not None else None
+    if vllm is not None and "vllm_cpu" in chosen:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         try:
@@ -299,7 +311,7 @@ def main() -> None:
         except RuntimeError as exc:
             skipped["vllm_cpu"] = f"failed: {exc}"
             print(f"vllm_cpu failed: {exc}", flush=True)
-    if llama is not None:
+    if llama is not None and "llama_cpp" in chosen:
         try:
             results["llama_cpp"] = run_llama(llama, model, workloads, kv_tokens, work, client,
                                              args.startup_timeout)
@@ -350,8 +362,8 @@ def second_opinion(model: Path, args: argparse.Namespace, work: Path, w: Workloa
     return {"workload": w.name, "pagedserve_bench": result}
 
 
-def _ratio(ours: dict, theirs: dict | None) -> float | None:
-    if theirs is None or theirs["output_tok_s"] <= 0:
+def _ratio(ours: dict | None, theirs: dict | None) -> float | None:
+    if ours is None or theirs is None or theirs["output_tok_s"] <= 0:
         return None
     return round(ours["output_tok_s"] / theirs["output_tok_s"], 3)
 
@@ -362,7 +374,7 @@ def report(results: dict, workloads: list[Workload], skipped: dict, second: dict
           f"{'vs vLLM':>8s} {'vs llama':>9s}   (output tok/s, completed requests only)")
     rows = {}
     for w in workloads:
-        ours = results["pagedserve"][w.name]
+        ours = results.get("pagedserve", {}).get(w.name)
         vllm = results.get("vllm_cpu", {}).get(w.name)
         llama = results.get("llama_cpp", {}).get(w.name)
         row = {"input_len": w.input_len, "output_len": w.output_len,

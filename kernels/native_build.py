@@ -38,9 +38,11 @@ def c_compiler() -> str | None:
 
 
 def _build_key(source: bytes, compiler: str) -> str:
+    """A hash of the source, the headers it may include, the flags and the compiler."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False).stdout
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode() + version.encode())
+    headers = b"".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
+    digest = hashlib.sha256(source + headers + " ".join(FLAGS).encode() + version.encode())
     return digest.hexdigest()[:16]
 
 

@@ -8,24 +8,8 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 
-typedef uint16_t bf16;
-
-static inline float from_bf16(bf16 v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-static inline bf16 to_bf16(float v) {
-    uint32_t bits;
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16)((bits >> 16) | 0x40u);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (bf16)(bits >> 16);
-}
-static inline float round_bf16(float v) { return from_bf16(to_bf16(v)); }
+#include "vec_math.h"
 
 /* out = weight * (x * rsqrt(mean(x^2) + eps)); x and out [rows, hidden] with row strides. */
 void rms_norm_f32(const float *x, int64_t x_stride, const float *weight, float *out,
@@ -56,19 +40,19 @@ void rms_norm_bf16(const bf16 *x, int64_t x_stride, const bf16 *weight, bf16 *ou
 /* out[r] = silu(x[r, :d]) * x[r, d:]; x [rows, 2d], out [rows, d], both contiguous. */
 void silu_and_mul_f32(const float *x, float *out, int64_t d, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; r++) {
-        const float *gate = x + r * 2 * d, *up = gate + d;
-        float *yr = out + r * d;
-        for (int64_t i = 0; i < d; i++) yr[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+        const float *restrict gate = x + r * 2 * d, *restrict up = gate + d;
+        float *restrict yr = out + r * d;
+        for (int64_t i = 0; i < d; i++) yr[i] = gate[i] / (1.0f + exp_f32(-gate[i])) * up[i];
     }
 }
 
 void silu_and_mul_bf16(const bf16 *x, bf16 *out, int64_t d, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; r++) {
-        const bf16 *gate = x + r * 2 * d, *up = gate + d;
-        bf16 *yr = out + r * d;
+        const bf16 *restrict gate = x + r * 2 * d, *restrict up = gate + d;
+        bf16 *restrict yr = out + r * d;
         for (int64_t i = 0; i < d; i++) {
             const float g = from_bf16(gate[i]);
-            yr[i] = to_bf16(round_bf16(g / (1.0f + expf(-g))) * from_bf16(up[i]));
+            yr[i] = to_bf16(round_bf16(g / (1.0f + exp_f32(-g))) * from_bf16(up[i]));
         }
     }
 }

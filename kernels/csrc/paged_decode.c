@@ -16,26 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef uint16_t bf16;
+#include "vec_math.h"
 
 static inline float load_f32(const float *p, int64_t i) { return p[i]; }
-static inline float load_bf16(const bf16 *p, int64_t i) {
-    uint32_t bits = (uint32_t)p[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
+static inline float load_bf16(const bf16 *p, int64_t i) { return from_bf16(p[i]); }
 static inline void store_f32(float *p, int64_t i, float v) { p[i] = v; }
-static inline void store_bf16(bf16 *p, int64_t i, float v) {
-    uint32_t bits; /* round to nearest even; a NaN stays a quiet NaN */
-    memcpy(&bits, &v, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-        p[i] = (bf16)((bits >> 16) | 0x40u);
-        return;
-    }
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    p[i] = (bf16)(bits >> 16);
-}
+static inline void store_bf16(bf16 *p, int64_t i, float v) { p[i] = to_bf16(v); }
 
 /* Blocks are scattered: the hardware prefetcher stops at a block's end, so the next block's
  * rows are requested while the current block is read. */
@@ -48,7 +34,7 @@ static void softmax_rows(float *scores, int64_t rows, int64_t stride, int64_t le
         float *s = scores + g * stride, top = -INFINITY, total = 0.0f;
         for (int64_t p = 0; p < len; p++) top = s[p] > top ? s[p] : top;
         for (int64_t p = 0; p < len; p++) {
-            s[p] = expf(s[p] - top);
+            s[p] = exp_f32(s[p] - top);
             total += s[p];
         }
         const float inv = 1.0f / total;

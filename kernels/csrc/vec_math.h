@@ -1,0 +1,50 @@
+/* Scalar helpers shared by the CPU kernels, written so that GCC and clang vectorise the loops
+ * that call them (no libm calls, no branches the vectoriser cannot if-convert). */
+#ifndef PAGEDSERVE_VEC_MATH_H
+#define PAGEDSERVE_VEC_MATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+typedef uint16_t bf16;
+
+static inline float from_bf16(bf16 v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+static inline bf16 to_bf16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (bf16)((bits >> 16) | 0x40u);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (bf16)(bits >> 16);
+}
+static inline float round_bf16(float v) { return from_bf16(to_bf16(v)); }
+
+/* e^x in float32 that the compiler vectorises (libm's expf is a call per element, and its
+ * vector forms are only declared under -ffast-math): 2^(x log2 e) split into an integer power,
+ * set in the exponent bits, and 2^f for |f| <= 1/2 by its degree-6 Taylor polynomial
+ * (relative error about 2e-7). Inputs are clamped to the range where e^x is a normal float. */
+static inline float exp_f32(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    /* t lies in [-125.6, 127]: truncating t + 128.5, a positive number, rounds t to the
+     * nearest integer k (a float trick such as adding 1.5 * 2^23 would be folded away under
+     * -fassociative-math). */
+    const float t = x * 1.44269504088896341f;
+    const int32_t k = (int32_t)(t + 128.5f) - 128;
+    const float f = t - (float)k;
+    float p = 1.5403530e-4f;
+    p = p * f + 1.3333558e-3f;
+    p = p * f + 9.6181291e-3f;
+    p = p * f + 5.5504109e-2f;
+    p = p * f + 2.4022651e-1f;
+    p = p * f + 6.9314718e-1f;
+    p = p * f + 1.0f;
+    const union { uint32_t bits; float value; } scale = {(uint32_t)(k + 127) << 23};
+    return p * scale.value;
+}
+
+#endif
