@@ -24,7 +24,8 @@ from pagedserve.kernels import attention, compiled_attention, cpu_parallel
 from pagedserve.kernels.native_build import load_library
 
 _FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
-_ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float] + [ctypes.c_int64] * 2
+_ARGTYPES = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_void_p,
+                                                               ctypes.c_int64])
 
 
 @functools.cache
@@ -59,8 +60,9 @@ def paged_attention_decode(
     args = (query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
             lens.data_ptr(), out.data_ptr(), num_heads, num_kv_heads, head_dim, block_size,
             tables.shape[1], scale)
-    bounds = cpu_parallel.balanced_bounds(lens, torch.get_num_threads())
-    if any(cpu_parallel.run_ranges(_kernel(query.dtype), args, bounds)):
+    bounds = torch.tensor(cpu_parallel.balanced_bounds(lens, torch.get_num_threads()),
+                          dtype=torch.int64)
+    if _kernel(query.dtype)(*args, bounds.data_ptr(), bounds.shape[0] - 1):
         raise MemoryError("paged decode attention could not allocate its score buffer")
     return out
 

@@ -20,7 +20,7 @@ from pagedserve.kernels.native_build import load_library
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _ARGTYPES = {
-    "rms_norm": [_P, _I, _P, _P, _I, _I, _F, _I, _I],
+    "rms_norm": [_P, _I, _P, _P, _I, _I, _F, _I, _I],  # ..., rows, threads
     "silu_and_mul": [_P, _P, _I, _I, _I],
     "rotary": [_P, _I, _I, _I, _P, _P, _I, _I],
 }
@@ -44,9 +44,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     weight = weight.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype)
     rows, hidden = x.shape
-    args = (x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), hidden, hidden, eps)
-    cpu_parallel.run_ranges(_kernel("rms_norm", x.dtype), args,
-                            cpu_parallel.even_bounds(rows, hidden))
+    _kernel("rms_norm", x.dtype)(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
+                                 hidden, hidden, eps, rows,
+                                 cpu_parallel.threads_for(rows * hidden))
     return out
 
 
@@ -57,9 +57,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     rows, width = x.shape
     out = torch.empty(rows, width // 2, dtype=x.dtype)
-    args = (x.data_ptr(), out.data_ptr(), width // 2)
-    cpu_parallel.run_ranges(_kernel("silu_and_mul", x.dtype), args,
-                            cpu_parallel.even_bounds(rows, width))
+    _kernel("silu_and_mul", x.dtype)(x.data_ptr(), out.data_ptr(), width // 2, rows,
+                                     cpu_parallel.threads_for(rows * width))
     return out
 
 
@@ -70,9 +69,9 @@ def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -
         return
     cos, sin = cos.contiguous(), sin.contiguous()
     rows, half = cos.shape
-    args = (x.data_ptr(), x.stride(0), heads, half, cos.data_ptr(), sin.data_ptr())
-    cpu_parallel.run_ranges(_kernel("rotary", x.dtype), args,
-                            cpu_parallel.even_bounds(rows, heads * 2 * half))
+    _kernel("rotary", x.dtype)(x.data_ptr(), x.stride(0), heads, half, cos.data_ptr(),
+                               sin.data_ptr(), rows,
+                               cpu_parallel.threads_for(rows * heads * 2 * half))
 
 
 def warm_up(dtype: torch.dtype) -> float:

@@ -1,31 +1,24 @@
-"""Running a C kernel over row ranges on several threads.
+"""How the C kernels in ``csrc`` share out their rows among threads.
 
-The C kernels in ``csrc`` take a range [begin, end) of independent rows (sequences, tokens);
-this module cuts the rows into one range per torch intra-op thread and runs the ranges at
-once. ctypes releases the GIL for the call, so the ranges really run in parallel; the first
-range runs on the calling thread.
+The kernels run their rows (sequences, tokens) on the OpenMP pool, built with ``-fopenmp``
+against the libgomp that torch has already loaded, so they use torch's own intra-op threads:
+threads of a separate pool would compete for the cores with torch's, which keep spinning for
+a while after each GEMM (measured: a second pool made decode attention 2x slower inside the
+model than alone). This module picks how many threads a call gets and, for attention, where
+to cut the sequences.
 """
 
 from __future__ import annotations
 
-import itertools
-import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 
-_pool_lock = threading.Lock()
-_pools: dict[int, ThreadPoolExecutor] = {}
 # Below this many elements a second thread costs more to wake than it saves.
 MIN_PARALLEL_ELEMENTS = 1 << 16
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    with _pool_lock:
-        if workers not in _pools:
-            _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="cpu-kernel")
-        return _pools[workers]
+def threads_for(elements: int) -> int:
+    """torch's intra-op thread count for a big enough input, else 1."""
+    return torch.get_num_threads() if elements >= MIN_PARALLEL_ELEMENTS else 1
 
 
 def balanced_bounds(weights: torch.Tensor, parts: int) -> list[int]:
@@ -39,22 +32,3 @@ def balanced_bounds(weights: torch.Tensor, parts: int) -> list[int]:
     targets = cumulative[-1] * torch.arange(1, parts, dtype=torch.int64) // parts
     cuts = torch.searchsorted(cumulative, targets, right=True).tolist()
     return [0, *cuts, rows]
-
-
-def even_bounds(rows: int, row_elements: int) -> list[int]:
-    """Boundaries cutting ``rows`` equal rows into one run per thread, or a single run when
-    the whole is too small to be worth a second thread."""
-    parts = torch.get_num_threads() if rows * row_elements >= MIN_PARALLEL_ELEMENTS else 1
-    parts = max(1, min(parts, rows))
-    return [rows * i // parts for i in range(parts + 1)]
-
-
-def run_ranges(kernel: Callable[..., int | None], args: Sequence[object],
-               bounds: list[int]) -> list[int | None]:
-    """``kernel(*args, begin, end)`` for each run of ``bounds``, at once; the return values."""
-    ranges = list(itertools.pairwise(bounds))
-    if len(ranges) == 1:
-        return [kernel(*args, *ranges[0])]
-    futures = [_pool(len(ranges) - 1).submit(kernel, *args, lo, hi) for lo, hi in ranges[1:]]
-    first = kernel(*args, *ranges[0])
-    return [first, *(future.result() for future in futures)]

@@ -22,9 +22,10 @@ from pagedserve.common.cache_dir import default_cache_dir
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
 # Reassociation lets the compiler vectorise the dot products; no -ffast-math, which may flush
-# denormals for the whole process.
+# denormals for the whole process. -fopenmp links libgomp.so.1, which the loader resolves to
+# the copy torch has already loaded: the kernels run on torch's threads (cpu_parallel.py).
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math", "-fPIC", "-shared")
+         "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared")
 
 
 class NativeBuildError(RuntimeError):

@@ -2,8 +2,8 @@
  * the rotary embedding (GPT-NeoX halves). Each replaces a chain of torch ops, each of which
  * reads and writes the whole activation and pays a dispatch, with one pass over the rows.
  *
- * Every function takes a row range [begin, end) so that the caller can split the rows across
- * threads. Math is float32; bfloat16 inputs are widened on load and rounded to nearest even
+ * Every function splits its rows across `threads` threads of the OpenMP pool (torch's own, when
+ * torch is loaded; the caller passes 1 for inputs too small to be worth waking a thread). Math is float32; bfloat16 inputs are widened on load and rounded to nearest even
  * where the torch reference rounds, so bfloat16 results match it to within one rounding.
  */
 #include <math.h>
@@ -13,8 +13,9 @@
 
 /* out = weight * (x * rsqrt(mean(x^2) + eps)); x and out [rows, hidden] with row strides. */
 void rms_norm_f32(const float *x, int64_t x_stride, const float *weight, float *out,
-                  int64_t out_stride, int64_t hidden, float eps, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; r++) {
+                  int64_t out_stride, int64_t hidden, float eps, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * x_stride;
         float *yr = out + r * out_stride, sum = 0.0f;
         for (int64_t i = 0; i < hidden; i++) sum += xr[i] * xr[i];
@@ -25,8 +26,9 @@ void rms_norm_f32(const float *x, int64_t x_stride, const float *weight, float *
 
 /* As the torch reference in bfloat16: the normalised row is rounded, then multiplied. */
 void rms_norm_bf16(const bf16 *x, int64_t x_stride, const bf16 *weight, bf16 *out,
-                   int64_t out_stride, int64_t hidden, float eps, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; r++) {
+                   int64_t out_stride, int64_t hidden, float eps, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
         const bf16 *xr = x + r * x_stride;
         bf16 *yr = out + r * out_stride;
         float sum = 0.0f;
@@ -38,16 +40,18 @@ void rms_norm_bf16(const bf16 *x, int64_t x_stride, const bf16 *weight, bf16 *ou
 }
 
 /* out[r] = silu(x[r, :d]) * x[r, d:]; x [rows, 2d], out [rows, d], both contiguous. */
-void silu_and_mul_f32(const float *x, float *out, int64_t d, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; r++) {
+void silu_and_mul_f32(const float *x, float *out, int64_t d, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
         const float *restrict gate = x + r * 2 * d, *restrict up = gate + d;
         float *restrict yr = out + r * d;
         for (int64_t i = 0; i < d; i++) yr[i] = gate[i] / (1.0f + exp_f32(-gate[i])) * up[i];
     }
 }
 
-void silu_and_mul_bf16(const bf16 *x, bf16 *out, int64_t d, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; r++) {
+void silu_and_mul_bf16(const bf16 *x, bf16 *out, int64_t d, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
         const bf16 *restrict gate = x + r * 2 * d, *restrict up = gate + d;
         bf16 *restrict yr = out + r * d;
         for (int64_t i = 0; i < d; i++) {
@@ -60,8 +64,9 @@ void silu_and_mul_bf16(const bf16 *x, bf16 *out, int64_t d, int64_t begin, int64
 /* Rotates, in place, the first `heads` head vectors of each row of x (row stride x_stride,
  * head size 2 * half) by cos/sin [rows, half] (float32): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). */
 void rotary_f32(float *x, int64_t x_stride, int64_t heads, int64_t half, const float *cos_t,
-                const float *sin_t, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; r++) {
+                const float *sin_t, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
         const float *c = cos_t + r * half, *s = sin_t + r * half;
         for (int64_t h = 0; h < heads; h++) {
             float *x1 = x + r * x_stride + h * 2 * half, *x2 = x1 + half;
@@ -77,8 +82,9 @@ void rotary_f32(float *x, int64_t x_stride, int64_t heads, int64_t half, const f
 /* As the torch reference in bfloat16: cos/sin rounded to bfloat16, every product and sum
  * rounded. */
 void rotary_bf16(bf16 *x, int64_t x_stride, int64_t heads, int64_t half, const float *cos_t,
-                 const float *sin_t, int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; r++) {
+                 const float *sin_t, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
         const float *c = cos_t + r * half, *s = sin_t + r * half;
         for (int64_t h = 0; h < heads; h++) {
             bf16 *x1 = x + r * x_stride + h * 2 * half, *x2 = x1 + half;

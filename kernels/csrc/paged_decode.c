@@ -5,7 +5,7 @@
  * Two passes per item: the scores of every position, a float32 softmax over them, then the
  * probability-weighted sum of the V rows. Head sizes 64, 80, 96, 128 and 256 get loops of a
  * constant length, which the compiler unrolls and vectorises without tails.
- * The caller splits the items across threads.
+ * The caller cuts the sequences into parts of about equal work, run on OpenMP threads.
  *
  * Layouts: query and out [S, H, D]; caches [N, B, Hkv, D]; tables int32 [S, W]; lens int32
  * [S]. float32 or bfloat16 (query, caches and out share the dtype; math in float32).
@@ -23,10 +23,31 @@ static inline float load_bf16(const bf16 *p, int64_t i) { return from_bf16(p[i])
 static inline void store_f32(float *p, int64_t i, float v) { p[i] = v; }
 static inline void store_bf16(bf16 *p, int64_t i, float v) { p[i] = to_bf16(v); }
 
-/* Blocks are scattered: the hardware prefetcher stops at a block's end, so the next block's
- * rows are requested while the current block is read. */
-static inline void prefetch_row(const void *row, int64_t bytes) {
-    for (int64_t at = 0; at < bytes; at += 64) __builtin_prefetch((const char *)row + at);
+/* Blocks are scattered, so the hardware prefetcher stops at each block's end, and a decode
+ * step streams every sequence's K and V from memory: reads run AHEAD blocks ahead in the
+ * order the kernel visits them (this sequence's K blocks, its V blocks, then the next
+ * sequence's K blocks), one row requested per row read. */
+enum { AHEAD = 2 };
+
+typedef struct {
+    const char *key_cache, *value_cache;
+    const int32_t *table, *next_table; /* next_table: NULL for the last sequence of a range */
+    int64_t num_blocks, next_num_blocks, block_bytes;
+} Visit;
+
+static inline const char *block_at(const Visit *v, int64_t i) {
+    if (i < v->num_blocks) return v->key_cache + (int64_t)v->table[i] * v->block_bytes;
+    i -= v->num_blocks;
+    if (i < v->num_blocks) return v->value_cache + (int64_t)v->table[i] * v->block_bytes;
+    i -= v->num_blocks;
+    if (v->next_table != NULL && i < v->next_num_blocks)
+        return v->key_cache + (int64_t)v->next_table[i] * v->block_bytes;
+    return NULL;
+}
+
+static inline void prefetch_row(const char *block, int64_t row, int64_t row_bytes) {
+    if (block == NULL) return;
+    for (int64_t at = 0; at < row_bytes; at += 64) __builtin_prefetch(block + row * row_bytes + at);
 }
 
 static void softmax_rows(float *scores, int64_t rows, int64_t stride, int64_t len) {
@@ -46,16 +67,17 @@ static void softmax_rows(float *scores, int64_t rows, int64_t stride, int64_t le
 static inline __attribute__((always_inline)) void NAME(                                       \
     const T *query, const T *key_cache, const T *value_cache, const int32_t *table,            \
     int64_t len, T *out, int64_t H, int64_t G, const int64_t D, int64_t block_size,            \
-    float scale, float *scores, int64_t score_stride, float *q, float *acc) {                  \
-    const int64_t row_stride = H / G * D;                                                      \
+    float scale, float *scores, int64_t score_stride, float *q, float *acc, const Visit *visit) \
+{                                                                                              \
+    const int64_t row_stride = H / G * D, row_bytes = row_stride * (int64_t)sizeof(T);         \
+    const int64_t nb = visit->num_blocks;                                                      \
     for (int64_t i = 0; i < H * D; i++) q[i] = LOAD(query, i) * scale;                         \
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {                    \
         const int64_t n = len - start < block_size ? len - start : block_size;                 \
         const T *k = key_cache + (int64_t)table[b] * block_size * row_stride;                  \
-        const T *next = start + block_size < len ? key_cache + (int64_t)table[b + 1]           \
-                        * block_size * row_stride : NULL;                                      \
+        const char *ahead = block_at(visit, b + AHEAD);                                        \
         for (int64_t o = 0; o < n; o++, k += row_stride) {                                     \
-            if (next != NULL) prefetch_row(next + o * row_stride, row_stride * sizeof(T));     \
+            prefetch_row(ahead, o, row_bytes);                                                 \
             for (int64_t h = 0; h < H; h++) {                                                  \
                 const T *kh = k + h / G * D;                                                   \
                 float dot = 0.0f;                                                              \
@@ -69,10 +91,9 @@ static inline __attribute__((always_inline)) void NAME(                         
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {                    \
         const int64_t n = len - start < block_size ? len - start : block_size;                 \
         const T *v = value_cache + (int64_t)table[b] * block_size * row_stride;                \
-        const T *next = start + block_size < len ? value_cache + (int64_t)table[b + 1]         \
-                        * block_size * row_stride : NULL;                                      \
+        const char *ahead = block_at(visit, nb + b + AHEAD);                                   \
         for (int64_t o = 0; o < n; o++, v += row_stride) {                                     \
-            if (next != NULL) prefetch_row(next + o * row_stride, row_stride * sizeof(T));     \
+            prefetch_row(ahead, o, row_bytes);                                                 \
             for (int64_t h = 0; h < H; h++) {                                                  \
                 const T *vh = v + h / G * D;                                                   \
                 const float w = scores[h * score_stride + start + o];                          \
@@ -85,13 +106,13 @@ static inline __attribute__((always_inline)) void NAME(                         
 
 #define CALL_ITEM(ITEM, DIM)                                                                  \
     ITEM(query + head, key_cache, value_cache, table, lens[seq], out + head, num_heads, G,     \
-         DIM, block_size, scale, scores, max_len, q, acc)
+         DIM, block_size, scale, scores, max_len, q, acc, &visit)
 
-#define DEFINE_DECODE(NAME, ITEM, T)                                                          \
-int NAME(const T *query, const T *key_cache, const T *value_cache, const int32_t *tables,      \
-         const int32_t *lens, T *out, int64_t num_heads, int64_t num_kv_heads,                 \
-         int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
-         int64_t begin, int64_t end) {                                                         \
+#define DEFINE_RANGE(NAME, ITEM, T)                                                           \
+static int NAME(const T *query, const T *key_cache, const T *value_cache,                      \
+                const int32_t *tables, const int32_t *lens, T *out, int64_t num_heads,         \
+                int64_t num_kv_heads, int64_t head_dim, int64_t block_size,                    \
+                int64_t table_width, float scale, int64_t begin, int64_t end) {                \
     const int64_t G = num_heads / num_kv_heads, D = head_dim;                                  \
     int64_t max_len = 1;                                                                       \
     for (int64_t seq = begin; seq < end; seq++)                                                \
@@ -102,6 +123,16 @@ int NAME(const T *query, const T *key_cache, const T *value_cache, const int32_t
     for (int64_t seq = begin; seq < end; seq++) {                                              \
         const int64_t head = seq * num_heads * D;                                              \
         const int32_t *table = tables + seq * table_width;                                     \
+        const int64_t block_bytes = block_size * num_kv_heads * D * (int64_t)sizeof(T);        \
+        const Visit visit = {                                                                  \
+            (const char *)key_cache, (const char *)value_cache, table,                         \
+            seq + 1 < end ? table + table_width : NULL,                                        \
+            (lens[seq] + block_size - 1) / block_size,                                         \
+            seq + 1 < end ? (lens[seq + 1] + block_size - 1) / block_size : 0, block_bytes};   \
+        if (seq == begin) /* the first blocks; later sequences' come from the one before */    \
+            for (int64_t b = 0; b < AHEAD; b++)                                                \
+                for (int64_t o = 0; o < block_size; o++)                                       \
+                    prefetch_row(block_at(&visit, b), o, block_bytes / block_size);            \
         switch (D) {                                                                           \
         case 64: CALL_ITEM(ITEM, 64); break;                                                   \
         case 80: CALL_ITEM(ITEM, 80); break;                                                   \
@@ -117,5 +148,25 @@ int NAME(const T *query, const T *key_cache, const T *value_cache, const int32_t
 
 DEFINE_ITEM(item_f32, float, load_f32, store_f32)
 DEFINE_ITEM(item_bf16, bf16, load_bf16, store_bf16)
-DEFINE_DECODE(paged_decode_f32, item_f32, float)
-DEFINE_DECODE(paged_decode_bf16, item_bf16, bf16)
+/* The exported entry points: sequences [bounds[p], bounds[p + 1]) for each of `parts` parts,
+ * one part per thread of the OpenMP pool (torch's own, when torch is loaded: its threads are
+ * the ones already running, so the kernel neither oversubscribes the cores nor waits for
+ * threads that spin in torch's pool). */
+#define DEFINE_DECODE(NAME, RANGE, T)                                                         \
+int NAME(const T *query, const T *key_cache, const T *value_cache, const int32_t *tables,      \
+         const int32_t *lens, T *out, int64_t num_heads, int64_t num_kv_heads,                 \
+         int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
+         const int64_t *bounds, int64_t parts) {                                               \
+    int failed = 0;                                                                            \
+    _Pragma("omp parallel for num_threads(parts) schedule(static, 1) reduction(|: failed)")    \
+    for (int64_t p = 0; p < parts; p++)                                                        \
+        failed |= RANGE(query, key_cache, value_cache, tables, lens, out, num_heads,           \
+                        num_kv_heads, head_dim, block_size, table_width, scale, bounds[p],     \
+                        bounds[p + 1]);                                                        \
+    return failed;                                                                             \
+}
+
+DEFINE_RANGE(range_f32, item_f32, float)
+DEFINE_RANGE(range_bf16, item_bf16, bf16)
+DEFINE_DECODE(paged_decode_f32, range_f32, float)
+DEFINE_DECODE(paged_decode_bf16, range_bf16, bf16)

@@ -116,12 +116,9 @@ def test_other_dtypes_and_shapes_take_the_reference():
     assert torch.equal(cpu_layer_ops.rms_norm(x3, w32, 1e-5), layer_ops.rms_norm(x3, w32, 1e-5))
 
 
-def test_even_bounds_split_only_large_inputs(threads):
-    assert cpu_parallel.even_bounds(4, 16) == [0, 4]
-    big = cpu_parallel.MIN_PARALLEL_ELEMENTS
-    assert cpu_parallel.even_bounds(10, big) == [10 * i // min(threads, 10)
-                                                   for i in range(min(threads, 10) + 1)]
-    assert cpu_parallel.even_bounds(1, big) == [0, 1]
+def test_only_large_inputs_wake_threads(threads):
+    assert cpu_parallel.threads_for(cpu_parallel.MIN_PARALLEL_ELEMENTS - 1) == 1
+    assert cpu_parallel.threads_for(cpu_parallel.MIN_PARALLEL_ELEMENTS) == threads
 
 
 def test_warm_up_builds_the_library():
