@@ -1,10 +1,11 @@
 """Building and loading the C kernels in ``kernels/csrc`` for this machine.
 
 Each source is compiled once per machine (``-O3 -march=native``, so the host's vector units
-are used) into ``$PAGEDSERVE_CACHE_DIR/kernels``, keyed by a hash of the source, the flags and
-the compiler, and loaded with ``ctypes``. A build is written under a temporary name and
-renamed, so concurrent processes (tensor-parallel ranks, test workers) never load a partial
-file. No Python headers and no torch headers are needed: the kernels take raw pointers.
+are used) into ``$PAGEDSERVE_CACHE_DIR/kernels``, keyed by a hash of the source and headers,
+the flags, the compiler and the processor, and loaded with ``ctypes``. A build is written
+under a temporary name and renamed, so concurrent processes (tensor-parallel ranks, test
+workers) never load a partial file. No Python headers and no torch headers are needed: the
+kernels take raw pointers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -38,12 +40,25 @@ def c_compiler() -> str | None:
     return next((found for name in names if (found := shutil.which(name))), None)
 
 
+def _host() -> bytes:
+    """The processor the build is for: -march=native code may not run on another one (a cache
+    directory on a shared disk or in a moved container)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    ident = [line for line in lines if line.startswith(("model name", "flags", "Features"))][:2]
+    return "\n".join([platform.machine(), platform.processor(), *ident]).encode()
+
+
 def _build_key(source: bytes, compiler: str) -> str:
-    """A hash of the source, the headers it may include, the flags and the compiler."""
+    """A hash of the source, the headers it may include, the flags, the compiler and the
+    processor."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False).stdout
     headers = b"".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
-    digest = hashlib.sha256(source + headers + " ".join(FLAGS).encode() + version.encode())
+    digest = hashlib.sha256(source + headers + " ".join(FLAGS).encode() + version.encode()
+                            + _host())
     return digest.hexdigest()[:16]
 
 
