@@ -2,14 +2,15 @@
 
 Decode attention on a CPU is bound by memory: every step reads each running sequence's whole
 K and V. The C kernel reads each row once, in cache order, for all the query heads that share
-it, and requests the next block while it reads the current one. Measured on 64 sequences of
-about 180 tokens (8 query heads, 4 KV heads, head size 64, float32, 2 cores): 1.0 ms against
-3.1-3.4 ms for the inductor-compiled kernel, about 23 GB/s of the machine's 33 GB/s.
+it, and requests blocks ahead of the one it reads. Measured inside the peer model (64
+sequences of about 195 tokens, 8 layers whose K and V come from memory every step, 2 threads,
+float32): 13.4 ms a step, about 15 GB/s of the machine's 26 GB/s read bandwidth; the same
+kernel on a second thread pool beside torch's took 23.4 ms.
 
-Sequences are split across torch's intra-op thread count, balanced by length; the calls run
-on a small thread pool and release the GIL. float32 and bfloat16 run here; other dtypes take
-the compiled kernel. Prefill rows keep the reference path; decode rows of a mixed step come
-here.
+Sequences are cut into parts of about equal context, one per torch intra-op thread, and the
+parts run on torch's OpenMP threads (``cpu_parallel.py``); ctypes releases the GIL for the
+call. float32 and bfloat16 run here; other dtypes take the compiled kernel. Prefill rows keep
+the reference path; decode rows of a mixed step come here.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from pagedserve.kernels import attention, compiled_attention, cpu_parallel
 from pagedserve.kernels.native_build import load_library
 
 _FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
-_ARGTYPES = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_void_p,
-                                                               ctypes.c_int64])
+_ARGTYPES = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
+             + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
+# Parts per thread, taken as threads come free (csrc/paged_decode.c). Four parts measured no
+# faster than one on an idle machine (57.8 against 59.5 ms a step, interleaved).
+PARTS_PER_THREAD = 1
 
 
 @functools.cache
@@ -60,9 +64,10 @@ def paged_attention_decode(
     args = (query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
             lens.data_ptr(), out.data_ptr(), num_heads, num_kv_heads, head_dim, block_size,
             tables.shape[1], scale)
-    bounds = torch.tensor(cpu_parallel.balanced_bounds(lens, torch.get_num_threads()),
+    threads = torch.get_num_threads()
+    bounds = torch.tensor(cpu_parallel.balanced_bounds(lens, PARTS_PER_THREAD * threads),
                           dtype=torch.int64)
-    if _kernel(query.dtype)(*args, bounds.data_ptr(), bounds.shape[0] - 1):
+    if _kernel(query.dtype)(*args, bounds.data_ptr(), bounds.shape[0] - 1, threads):
         raise MemoryError("paged decode attention could not allocate its score buffer")
     return out
 

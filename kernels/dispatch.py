@@ -4,8 +4,9 @@ Backends: ``"torch"`` (the reference in this package, any device), ``"triton"``
 (``pagedserve.kernels.triton``, imported only when chosen) and ``"inductor"`` (CPU: decode
 attention compiled by torch.compile, reading KV blocks in place, ``compiled_attention.py``;
 linear weights prepacked for oneDNN, ``cpu_linear.py``).
-``"cpu"`` is the inductor bundle with decode attention and the element-wise layer ops in C
-instead (``cpu_attention.py``, ``cpu_layer_ops.py``, built for the host on first use).
+``"cpu"`` is the inductor bundle with decode attention, the element-wise layer ops and the
+sampling race in C instead (``cpu_attention.py``, ``cpu_layer_ops.py``, ``cpu_sampling.py``,
+built for the host on first use).
 ``"auto"`` takes Triton for a CUDA device, ``"cpu"`` for the CPU when a C++ compiler is on the
 PATH (inductor and the C kernels build with it), and the torch reference otherwise.
 
@@ -48,6 +49,9 @@ class KernelOps:
     rms_norm: Callable[..., torch.Tensor] = layer_ops.rms_norm
     silu_and_mul: Callable[..., torch.Tensor] = layer_ops.silu_and_mul
     rotary_: Callable[..., None] = layer_ops.rotary_
+    # (probs [N, V], seed) -> token ids [N]: a random draw by the exponential race in one pass,
+    # for a backend that has one; the sampler draws torch noise otherwise.
+    exponential_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,23 +115,24 @@ def _inductor_ops() -> KernelOps:
 
 
 def _cpu_ops() -> KernelOps:
-    from pagedserve.kernels import cpu_attention, cpu_layer_ops
+    from pagedserve.kernels import cpu_attention, cpu_layer_ops, cpu_sampling
 
     return replace(_inductor_ops(), name="cpu",
                    paged_attention_decode=cpu_attention.paged_attention_decode,
                    paged_attention_prefill=cpu_attention.paged_attention_prefill,
                    warm_up=_cpu_warm_up,
                    rms_norm=cpu_layer_ops.rms_norm, silu_and_mul=cpu_layer_ops.silu_and_mul,
-                   rotary_=cpu_layer_ops.rotary_)
+                   rotary_=cpu_layer_ops.rotary_,
+                   exponential_race=cpu_sampling.exponential_race)
 
 
 def _cpu_warm_up(
     num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
 ) -> float:
-    from pagedserve.kernels import cpu_attention, cpu_layer_ops
+    from pagedserve.kernels import cpu_attention, cpu_layer_ops, cpu_sampling
 
     seconds = cpu_attention.warm_up(num_heads, num_kv_heads, head_dim, block_size, dtype)
-    return seconds + cpu_layer_ops.warm_up(dtype)
+    return seconds + cpu_layer_ops.warm_up(dtype) + cpu_sampling.warm_up()
 
 
 def has_cpp_compiler() -> bool:

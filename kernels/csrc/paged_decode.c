@@ -149,16 +149,16 @@ static int NAME(const T *query, const T *key_cache, const T *value_cache,       
 DEFINE_ITEM(item_f32, float, load_f32, store_f32)
 DEFINE_ITEM(item_bf16, bf16, load_bf16, store_bf16)
 /* The exported entry points: sequences [bounds[p], bounds[p + 1]) for each of `parts` parts,
- * one part per thread of the OpenMP pool (torch's own, when torch is loaded: its threads are
- * the ones already running, so the kernel neither oversubscribes the cores nor waits for
- * threads that spin in torch's pool). */
+ * handed out to `threads` threads of the OpenMP pool (torch's own, when torch is loaded: its
+ * threads are the ones already running, so the kernel neither oversubscribes the cores nor
+ * waits for threads that spin in torch's pool). Parts are taken as threads come free. */
 #define DEFINE_DECODE(NAME, RANGE, T)                                                         \
 int NAME(const T *query, const T *key_cache, const T *value_cache, const int32_t *tables,      \
          const int32_t *lens, T *out, int64_t num_heads, int64_t num_kv_heads,                 \
          int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
-         const int64_t *bounds, int64_t parts) {                                               \
+         const int64_t *bounds, int64_t parts, int64_t threads) {                              \
     int failed = 0;                                                                            \
-    _Pragma("omp parallel for num_threads(parts) schedule(static, 1) reduction(|: failed)")    \
+    _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(|: failed)") \
     for (int64_t p = 0; p < parts; p++)                                                        \
         failed |= RANGE(query, key_cache, value_cache, tables, lens, out, num_heads,           \
                         num_kv_heads, head_dim, block_size, table_width, scale, bounds[p],     \

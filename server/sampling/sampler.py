@@ -13,6 +13,7 @@ distribution it actually ranks by, which ``compute_logprobs`` gives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,11 +46,16 @@ class Sampler:
     (except to seed the generators of seeded rows).
 
     ``seed`` seeds the generator that unseeded rows share; ``None`` seeds it from the OS.
+    ``cpu_race`` (the kernel backend's ``exponential_race``, when it has one) draws the
+    unseeded rows of a CPU batch in one pass, from one word of that generator per step;
+    seeded rows keep their own generators either way.
     """
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None,
+                 cpu_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None) -> None:
         self._seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._cpu_race = cpu_race
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of ``logits`` (float32 ``[N, V]``, left unmodified)."""
@@ -78,10 +84,23 @@ class Sampler:
             return processed.argmax(dim=-1)
         probs = apply_warpers(processed, metadata).softmax(dim=-1)
         shared = self._generator(processed.device) if metadata.has_unseeded_random else None
-        noise = exponential_noise(tuple(probs.shape), probs.device, metadata.seeded_rows, shared)
-        token_ids = exponential_race(probs, noise)
+        if shared is not None and self._cpu_race is not None and probs.device.type == "cpu":
+            token_ids = self._race_on_cpu(probs, metadata, shared)
+        else:
+            noise = exponential_noise(tuple(probs.shape), probs.device, metadata.seeded_rows,
+                                      shared)
+            token_ids = exponential_race(probs, noise)
         if metadata.greedy_mask is not None:
             token_ids = torch.where(metadata.greedy_mask, processed.argmax(dim=-1), token_ids)
+        return token_ids
+
+    def _race_on_cpu(self, probs: torch.Tensor, metadata: SamplingMetadata,
+                     shared: torch.Generator) -> torch.Tensor:
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=shared))
+        token_ids = self._cpu_race(probs, seed)
+        for row, row_seed in metadata.seeded_rows:  # the same draw as on the torch path
+            noise = exponential_noise((1, probs.shape[1]), probs.device, [(0, row_seed)], None)
+            token_ids[row] = exponential_race(probs[row : row + 1], noise)[0]
         return token_ids
 
     def _generator(self, device: torch.device) -> torch.Generator:

@@ -1,0 +1,88 @@
+"""The C exponential race of the CPU backend: distributed as its probabilities, a zero
+probability never wins, reproducible per seed and row whatever the rows around it; and in
+the sampler, seeded rows draw exactly what the torch path draws, unseeded rows repeat under
+the sampler's seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedserve.kernels import cpu_sampling, native_build
+from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
+from pagedserve.server.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+
+
+def test_frequencies_follow_the_probabilities():
+    draws = torch.cat([cpu_sampling.exponential_race(PROBS.repeat(500, 1), seed)
+                       for seed in range(40)])  # 20,000 draws
+    frequencies = torch.bincount(draws, minlength=5).double() / draws.numel()
+    # Binomial standard deviations are at most 0.0036 here; 5 of them.
+    torch.testing.assert_close(frequencies, PROBS.double(), rtol=0, atol=0.018)
+    assert frequencies[4] == 0  # a zero probability never wins
+
+
+def test_a_row_draws_from_its_seed_and_index_alone():
+    probs = torch.softmax(torch.randn(6, 1000, generator=torch.Generator().manual_seed(0)), -1)
+    first = cpu_sampling.exponential_race(probs, 123)
+    assert torch.equal(first, cpu_sampling.exponential_race(probs, 123))
+    assert torch.equal(cpu_sampling.exponential_race(probs[:3].clone(), 123), first[:3])
+    different = [cpu_sampling.exponential_race(probs, seed) for seed in range(124, 134)]
+    assert any(not torch.equal(first, other) for other in different)
+    assert first.dtype == torch.int64 and ((first >= 0) & (first < 1000)).all()
+
+
+def test_a_one_hot_row_always_draws_its_token():
+    probs = torch.zeros(8, 300)
+    probs[torch.arange(8), torch.arange(8) * 37] = 1.0
+    for seed in range(5):
+        assert cpu_sampling.exponential_race(probs, seed).tolist() == [i * 37 for i in range(8)]
+
+
+def test_threads_do_not_change_the_draw():
+    probs = torch.softmax(torch.randn(64, 2048, generator=torch.Generator().manual_seed(1)), -1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_sampling.exponential_race(probs, 9)
+        torch.set_num_threads(2)
+        two = cpu_sampling.exponential_race(probs, 9)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="expected float32 CPU probabilities"):
+        cpu_sampling.exponential_race(PROBS.double()[None], 0)
+    with pytest.raises(ValueError, match="expected float32 CPU probabilities"):
+        cpu_sampling.exponential_race(PROBS, 0)
+
+
+def _rows() -> list[SamplingRow]:
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    return [SamplingRow(params, [1], [2], seed=None), SamplingRow(params, [3], [4], seed=17),
+            SamplingRow(SamplingParams(temperature=0.0), [5], []),
+            SamplingRow(params, [6], [7, 8], seed=None)]
+
+
+def _sample(sampler: Sampler, logits: torch.Tensor) -> list[int]:
+    metadata = SamplingMetadata.build(_rows(), logits.size(1), "cpu")
+    return sampler(logits, metadata).sampled_token_ids.tolist()
+
+
+def test_in_the_sampler_seeded_and_greedy_rows_are_the_torch_paths():
+    logits = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
+    for sampler_seed in range(10):
+        torch_path = _sample(Sampler(seed=sampler_seed), logits)
+        c_path = _sample(Sampler(seed=sampler_seed, cpu_race=cpu_sampling.exponential_race),
+                         logits)
+        assert c_path[1] == torch_path[1]  # seeded
+        assert c_path[2] == torch_path[2] == int(logits[2].argmax())  # greedy
+        again = _sample(Sampler(seed=sampler_seed, cpu_race=cpu_sampling.exponential_race),
+                        logits)
+        assert again == c_path  # unseeded rows repeat under the sampler's seed
