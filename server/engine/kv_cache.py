@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pagedserve.kernels.dispatch import KernelOps
+from pagedserve.server.engine.host_memory import advise_huge_pages
 from pagedserve.server.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -67,7 +68,10 @@ class KVCache:
     def _pool(
         self, num_blocks: int, shape: tuple[int, ...], device: torch.device, pin: bool = False
     ) -> torch.Tensor:
-        return torch.empty((num_blocks, *shape), dtype=self.dtype, device=device, pin_memory=pin)
+        pool = torch.empty((num_blocks, *shape), dtype=self.dtype, device=device, pin_memory=pin)
+        if device.type == "cpu" and not pin and device == self.device:
+            advise_huge_pages(pool)  # the pool attention reads every step (host_memory.py)
+        return pool
 
     @classmethod
     def create(

@@ -1,0 +1,49 @@
+"""Transparent huge pages for the KV cache on the CPU.
+
+Decode attention reads every running sequence's blocks each step, scattered over the whole
+cache (a GiB or more). With 4 KiB pages nearly every block read also misses the TLB, and a
+prefetch that misses the TLB may be dropped; 2 MiB pages cover the cache with a few hundred
+TLB entries. Linux backs an anonymous mapping with huge pages when the system setting
+(``/sys/kernel/mm/transparent_hugepage/enabled``) is ``always``, or ``madvise`` and the range
+was advised with ``MADV_HUGEPAGE`` before it is first touched, which ``advise_huge_pages``
+does. Elsewhere it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import sys
+
+import torch
+
+MADV_HUGEPAGE = 14
+HUGE_PAGE = 2 << 20
+
+
+@functools.cache
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    function.restype = ctypes.c_int
+    return function
+
+
+def advise_huge_pages(tensor: torch.Tensor) -> bool:
+    """Asks for huge pages under the whole 2 MiB pages of a CPU tensor's memory, which must
+    not have been written yet; whether the kernel took the advice."""
+    madvise = _madvise()
+    if madvise is None or tensor.device.type != "cpu":
+        return False
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first = -(-start // HUGE_PAGE) * HUGE_PAGE
+    if end - first < HUGE_PAGE:
+        return False
+    return madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE) == 0
