@@ -1,6 +1,7 @@
 """The machine's limits and how close the engine gets to them, in one run.
 
-1. Matmul peak: float32 ``torch.mm`` of square matrices (best of several), GFLOP/s.
+1. Matmul peak: float32 square products, ``torch.mm`` and oneDNN with a prepacked weight (best
+   of several), GFLOP/s.
 2. Copy bandwidth: ``copy_`` of a 256 MiB tensor (bytes read + written), GB/s.
 3. The engine, offline, on a decode-heavy batch of the peer model (``peer_model.py``): useful
    FLOPs/s (the matmuls of every computed token, logits of sampled tokens, attention over each
@@ -9,7 +10,7 @@
    (schedule / prepare / forward / sample / output). Each kernel backend given runs in the
    same process, alternating, best of ``--repeat``.
 
-    python benchmarks/roofline.py [--backends inductor,torch] [--prompts 64]
+    python benchmarks/roofline.py [--backends cpu,torch] [--prompts 64]
 
 Last line: one JSON object.
 """
@@ -42,12 +43,21 @@ def best_seconds(fn, repeat: int, inner: int) -> float:
     return best
 
 
-def matmul_peak_gflops(sizes: tuple[int, ...] = (1024, 2048)) -> dict[int, float]:
+def matmul_peak_gflops(sizes: tuple[int, ...] = (1024, 2048)) -> dict[str, float]:
+    """float32 GFLOP/s of square products through torch.mm (MKL) and through oneDNN with a
+    prepacked weight (what the engine's linear layers use); the best of both is the peak."""
+    from pagedserve.kernels import cpu_linear
+
     out = {}
     for n in sizes:
         a, b = torch.randn(n, n), torch.randn(n, n)
         seconds = best_seconds(lambda a=a, b=b: torch.mm(a, b), repeat=5, inner=3)
-        out[n] = 2 * n**3 / seconds / 1e9
+        out[f"mm {n}²"] = 2 * n**3 / seconds / 1e9
+        if cpu_linear.supports(torch.float32):
+            packed = cpu_linear.pack_weight(b)
+            seconds = best_seconds(lambda a=a, w=packed: cpu_linear.linear(a, w, None),
+                                   repeat=5, inner=3)
+            out[f"oneDNN {n}²"] = 2 * n**3 / seconds / 1e9
     return out
 
 
@@ -134,7 +144,7 @@ def run_engine(model_dir: Path, backend: str, prompts: list[list[int]], output_l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="a Llama directory (default: build the peer model)")
-    parser.add_argument("--backends", default="inductor,torch")
+    parser.add_argument("--backends", default="cpu,torch")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--input-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=256)
@@ -153,7 +163,7 @@ def main() -> None:
     bandwidth = copy_bandwidth_gbs()
     print(f"{os.cpu_count()} cores, {torch.get_num_threads()} torch threads, load average "
           f"{[round(x, 2) for x in os.getloadavg()]}")
-    sizes = ", ".join(f"{n}²: {g:.1f}" for n, g in peaks.items())
+    sizes = ", ".join(f"{n}: {g:.1f}" for n, g in peaks.items())
     print(f"matmul peak {peak:.1f} GFLOP/s ({sizes}), copy bandwidth {bandwidth:.1f} GB/s")
     rng = random.Random(0)
     prompts = [[rng.randrange(shape.vocab) for _ in range(args.input_len)]
