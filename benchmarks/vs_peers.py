@@ -143,14 +143,14 @@ def llama_slots(workload: Workload, kv_tokens: int) -> int:
 
 
 def llama_server(binary: Path, gguf: Path, port: int, workload: Workload, kv_tokens: int,
-                 logs: Path) -> Server:
+                 logs: Path, cache_type: str = "f32") -> Server:
     slots = llama_slots(workload, kv_tokens)
     command = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
                "-np", str(slots), "-c", str(slots * workload.tokens_per_request),
                "-t", str(os.cpu_count() or 1), "--threads-http", str(slots + 16),
-               # float32 KV like the other two servers (llama.cpp's default is float16, which
-               # halves the bytes its attention reads).
-               "--cache-type-k", "f32", "--cache-type-v", "f32"]
+               # float32 KV like the other two servers by default (llama.cpp's own default is
+               # float16, which halves the bytes its attention reads; --llama-cache-type f16).
+               "--cache-type-k", cache_type, "--cache-type-v", cache_type]
     return Server("llama_cpp", command, {}, logs / "llama.log")
 
 
@@ -261,6 +261,8 @@ def main() -> None:
     parser.add_argument("--kv-gib", type=int, default=1, help="KV cache of every server, GiB")
     parser.add_argument("--only", default="", help="comma-separated workload names")
     parser.add_argument("--quick", action="store_true", help="a quarter of the output tokens")
+    parser.add_argument("--llama-cache-type", default="f32",
+                        help="llama.cpp's KV cache type (f32 like the others; f16 is its default)")
     parser.add_argument("--servers", default=",".join(SERVERS),
                         help="comma-separated servers to run (vLLM's client is used whenever "
                              "--vllm is given, even when its server is not run)")
@@ -314,11 +316,11 @@ def main() -> None:
     if llama is not None and "llama_cpp" in chosen:
         try:
             results["llama_cpp"] = run_llama(llama, model, workloads, kv_tokens, work, client,
-                                             args.startup_timeout)
+                                             args.startup_timeout, args.llama_cache_type)
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             skipped["llama_cpp"] = f"failed: {exc}"
             print(f"llama_cpp failed: {exc}", flush=True)
-    report(results, workloads, skipped, second, kv_tokens, args.kv_gib)
+    report(results, workloads, skipped, second, kv_tokens, args.kv_gib, args.llama_cache_type)
 
 
 def kv_budget_tokens(model: Path, kv_gib: int) -> int:
@@ -329,13 +331,13 @@ def kv_budget_tokens(model: Path, kv_gib: int) -> int:
 
 
 def run_llama(binary: Path, model: Path, workloads: list[Workload], kv_tokens: int, work: Path,
-              client, startup_timeout: float) -> dict:
+              client, startup_timeout: float, cache_type: str) -> dict:
     gguf = convert_to_gguf(binary, model, work / f"{model.name}-f32.gguf")
     results: dict = {}
     for w in workloads:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
-        proc = llama_server(binary, gguf, port, w, kv_tokens, work).start()
+        proc = llama_server(binary, gguf, port, w, kv_tokens, work, cache_type).start()
         try:
             results.setdefault("startup_s", wait_ready(base, proc, startup_timeout))
             results[w.name] = client(base, "llama")(w) | {"slots": llama_slots(w, kv_tokens)}
@@ -369,7 +371,7 @@ def _ratio(ours: dict | None, theirs: dict | None) -> float | None:
 
 
 def report(results: dict, workloads: list[Workload], skipped: dict, second: dict | None,
-           kv_tokens: int, kv_gib: int) -> None:
+           kv_tokens: int, kv_gib: int, cache_type: str) -> None:
     print(f"\n{'workload':30s} {'pagedserve':>11s} {'vLLM CPU':>9s} {'llama.cpp':>10s} "
           f"{'vs vLLM':>8s} {'vs llama':>9s}   (output tok/s, completed requests only)")
     rows = {}
@@ -393,7 +395,7 @@ def report(results: dict, workloads: list[Workload], skipped: dict, second: dict
               f"{ratio(row['ratio_vs_vllm_cpu'], 8)} {ratio(row['ratio_vs_llama_cpp'], 9)}")
     summary = {
         "benchmark": "vs_peers", "cores": os.cpu_count(), "load_average_end": load_average(),
-        "kv_budget_gib": kv_gib, "kv_budget_tokens": kv_tokens,
+        "kv_budget_gib": kv_gib, "kv_budget_tokens": kv_tokens, "llama_cache_type": cache_type,
         "startup_s": {k: round(v["startup_s"], 1) for k, v in results.items()},
         "skipped": skipped, "second_opinion": second, "workloads": rows,
     }

@@ -38,13 +38,35 @@ def test_report_counts_completed_requests_and_takes_the_minimum(vs_peers, capsys
         "pagedserve": {"startup_s": 1.0, "a": {"output_tok_s": 30.0}, "b": {"output_tok_s": 40.0}},
         "vllm_cpu": {"startup_s": 2.0, "a": {"output_tok_s": 20.0}, "b": {"output_tok_s": 50.0}},
     }
-    vs_peers.report(results, [a, b], {"llama_cpp": "not installed"}, None, 100, 1)
+    vs_peers.report(results, [a, b], {"llama_cpp": "not installed"}, None, 100, 1, "f32")
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["llama_cache_type"] == "f32"
     assert last["workloads"]["a"]["ratio_vs_vllm_cpu"] == 1.5
     assert last["workloads"]["b"]["ratio_vs_vllm_cpu"] == 0.8
     assert last["min_ratio_vs_vllm_cpu"] == 0.8
     assert last["min_ratio_vs_llama_cpp"] is None
     assert last["skipped"] == {"llama_cpp": "not installed"}
+
+
+def test_a_run_without_pagedserve_reports_no_ratios(vs_peers, capsys):
+    a = vs_peers.Workload("a", 8, 8, 10, 4)
+    results = {"llama_cpp": {"startup_s": 1.0, "a": {"output_tok_s": 20.0}}}
+    vs_peers.report(results, [a], {"pagedserve": "not in --servers"}, None, 100, 1, "f16")
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert last["workloads"]["a"]["pagedserve"] is None
+    assert last["workloads"]["a"]["llama_cpp"] == {"output_tok_s": 20.0}
+    assert last["min_ratio_vs_llama_cpp"] is None
+
+
+def test_llama_cpp_keeps_its_kv_cache_in_the_given_type(vs_peers, tmp_path):
+    w = vs_peers.Workload("s", 128, 128, 64, 64)
+    command = vs_peers.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", 8000, w,
+                                    65536, tmp_path).command
+    assert command[command.index("--cache-type-k") + 1] == "f32"
+    assert command[command.index("--cache-type-v") + 1] == "f32"
+    command = vs_peers.llama_server(tmp_path / "llama-server", tmp_path / "m.gguf", 8000, w,
+                                    65536, tmp_path, "f16").command
+    assert command[command.index("--cache-type-k") + 1] == "f16"
 
 
 def test_peer_tokenizer_covers_every_id(import_benchmark, tmp_path):
