@@ -7,8 +7,10 @@ linear weights prepacked for oneDNN, ``cpu_linear.py``).
 ``"cpu"`` is the inductor bundle with decode attention, the element-wise layer ops and the
 sampling race in C instead (``cpu_attention.py``, ``cpu_layer_ops.py``, ``cpu_sampling.py``,
 built for the host on first use).
-``"auto"`` takes Triton for a CUDA device, ``"cpu"`` for the CPU when a C++ compiler is on the
-PATH (inductor and the C kernels build with it), and the torch reference otherwise.
+``"auto"`` takes Triton for a CUDA device, ``"cpu"`` for the CPU when a C compiler and a C++
+compiler are on the PATH (the C kernels build with the first; inductor, which compiles the
+attention of dtypes the C kernels do not take, with the second), and the torch reference
+otherwise.
 
 Environment: ``PAGEDSERVE_KERNEL_BACKEND`` (one of ``BACKENDS``) is read only when
 the caller passes ``backend=None``; an explicit ``backend`` always wins over it.
@@ -23,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from pagedserve.kernels import attention, cache_ops, layer_ops
+from pagedserve.kernels import attention, cache_ops, layer_ops, native_build
 
 BACKENDS = ("auto", "torch", "triton", "inductor", "cpu")
 BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
@@ -158,7 +160,8 @@ def get_kernel_ops(device: torch.device | str, backend: str | None = "auto") -> 
         if kind == "cuda":
             backend = "triton"
         else:
-            backend = "cpu" if kind == "cpu" and has_cpp_compiler() else "torch"
+            compilers = has_cpp_compiler() and native_build.c_compiler() is not None
+            backend = "cpu" if kind == "cpu" and compilers else "torch"
     if backend in ("inductor", "cpu") and kind != "cpu":
         raise ValueError(f"kernel backend {backend!r} runs on the CPU only, not on {kind!r}")
     if backend == "triton":

@@ -93,10 +93,11 @@ class EngineArgs:
         g.add_argument("--kernel-backend", default=None,
                        choices=["auto", "torch", "triton", "inductor", "cpu"],
                        help="attention kernels; None: $PAGEDSERVE_KERNEL_BACKEND, else auto "
-                            "(Triton on CUDA; on CPU 'cpu': decode attention in C and linear "
-                            "weights prepacked for oneDNN, built at start-up; inductor: "
-                            "attention compiled by torch.compile instead; torch: the "
-                            "uncompiled reference)")
+                            "(Triton on CUDA; on CPU 'cpu': decode attention, RMSNorm, "
+                            "SiLU-and-mul, rotary and the sampling race in C, linear weights "
+                            "prepacked for oneDNN, built at start-up; inductor: attention "
+                            "compiled by torch.compile instead; torch: the uncompiled "
+                            "reference)")
         g.add_argument("--cpu-threads", type=int, default=None,
                        help="torch intra-op threads on the CPU (default: torch's, one per "
                             "core; on a machine shared with other busy processes fewer threads "
