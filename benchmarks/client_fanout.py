@@ -122,11 +122,15 @@ async def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, limit_
 
 @contextlib.contextmanager
 def running_server(model: str, port: int, extra: list[str], log: Path,
-                   env: dict[str, str] | None = None):
+                   env: dict[str, str] | None = None, cpus: set[int] | None = None):
+    """``pagedserve serve`` in a child process; ``cpus``: the cores it (every thread it
+    starts) may run on."""
     command = [sys.executable, "-m", "pagedserve.server.cli.main", "serve",
                "--model", model, "--port", str(port), *extra]
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   preexec_fn=pin)
     try:
         yield process
     finally:

@@ -22,7 +22,9 @@ Per shape it prints output tokens per second, p50/p99 request latency (time on t
 not in the client's queue), preemptions and 429s for each budget and for ``auto``, with
 ``auto``'s operating point (the mean reserved tokens and requests it kept in flight). Then
 two replicas of different capacity (one limited to ``--small-max-num-seqs`` running
-sequences) each alone and both behind one pool, on the sharegpt shape. The last line is JSON:
+sequences) each alone and both behind one pool, on the sharegpt shape; each replica runs on
+cores of its own (``--no-pin`` to share them), as replicas on separate machines would, so the
+client's own work is the only thing the pair shares. The last line is JSON:
 ``auto_vs_best_fixed`` per shape and its minimum, and ``two_replicas_vs_sum_of_solo``. With
 ``--plots DIR`` it writes one PNG per shape: throughput against the fixed budget, ``auto``'s
 operating point marked.
@@ -314,6 +316,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--small-max-num-seqs", type=int, default=8,
                         help="the smaller replica's --max-num-seqs")
     parser.add_argument("--no-replicas", action="store_true")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="let the replicas share every core instead of one core set each")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per server (1: two replicas get a core each)")
     parser.add_argument("--plots", type=Path, default=None, help="write PNGs here")
@@ -325,6 +329,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.budgets, args.rounds = "4096,16384,65536", 1
     return args
+
+
+def replica_cores(count: int, threads: int, pin: bool) -> list[set[int] | None]:
+    """Cores of their own for each replica (``threads`` each), as replicas on separate
+    machines would have: otherwise two servers on one small machine take turns on its cores,
+    and the pair cannot reach the sum of what each made alone. None where there are too few
+    cores or pinning is off (the client then shares the cores with the servers)."""
+    available = sorted(os.sched_getaffinity(0))
+    if not pin or count < 2 or len(available) < count * threads:
+        return [None] * count
+    return [set(available[i * threads:(i + 1) * threads]) for i in range(count)]
 
 
 def scaled(shape: Shape, quick: bool) -> Shape:
@@ -350,6 +365,7 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
     line: dict[str, Any] = {
         "model": f"llama hidden {args.hidden_size}, {args.num_layers} layers, float32",
         "num_kv_tokens": args.num_kv_blocks * 16,
+        "replica_cores": [sorted(c) if c else None for c in args.cores],
         "load_average": os.getloadavg()[0],
         "shapes": shapes,
         "auto_vs_best_fixed": {k: v["auto_vs_best_fixed"] for k, v in shapes.items()},
@@ -378,11 +394,12 @@ def main(argv: list[str] | None = None) -> int:
             replicas.append([*common, "--max-num-seqs", str(args.small_max_num_seqs)])
         urls, processes = [], []
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        cores = args.cores = replica_cores(len(replicas), args.threads, args.pin)
         for i, extra in enumerate(replicas):
             port = free_port()
             log = Path(tmp) / f"server{i}.log"
-            processes.append(stack.enter_context(
-                running_server(args.model_dir, port, extra, log, env=env)))
+            processes.append(stack.enter_context(running_server(
+                args.model_dir, port, extra, log, env=env, cpus=cores[i])))
             urls.append(f"http://127.0.0.1:{port}")
         try:
             line = asyncio.run(main_async(args, urls, processes))

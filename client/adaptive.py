@@ -11,13 +11,18 @@ Two limits move, per endpoint:
   samples themselves show the throughput a quarter lower well past it (noise fits false
   summits, and stopping short costs more than going a little past), descending in steps when
   the peak lies below what was measured lately. Samples alone showing such a fall stop any
-  growth. A queue on the server (its own batch limit) pulls the window back to what runs plus
-  a small refill margin.
+  growth. A confirmed peak stands until the throughput measured at it drifts well off what
+  the fit named (the workload changed); then the curve is forgotten and searched again. A
+  queue on the server (its own batch limit) pulls the window back to what runs plus a small
+  refill margin. The curve takes only steady samples: none while the requests a growth let
+  in still queue or prefill on the server (a burst of prefills makes slow steps that the
+  running count's steady state lacks), nor in the interval after.
 - the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
   every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
   preempt. The capacity grows past the KV size only on evidence that reservations overstate
   what the cache will hold: answers that stop well short of ``max_tokens``, or a cache
-  holding under ``_SHARED_KV_SHARE`` of what is reserved (prompts sharing a cached prefix),
+  holding under ``_SHARED_KV_SHARE`` of what is reserved (answers in flight are half written
+  on average, and prompts may share a cached prefix),
   while the reservations bind and the cache stays under ``kv_usage_low``; at most once per
   request round trip, since the cache fills as answers grow. Above ``kv_usage_high`` it
   shrinks back *before* the cache runs out.
@@ -64,10 +69,12 @@ _STARTUP_EXIT = 2
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _OVERCOMMIT_GROWTH = 1.25
 _EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
-_SHARED_KV_SHARE = 0.4
+_SHARED_KV_SHARE = 0.7
 _MIN_FINISHED = 16  # answers seen before reservations may be judged against real use
 _SMOOTHING = 0.1
 _KV_BACKOFF = 0.85
+_SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
+_NEAR = 0.15
 
 
 @dataclass(slots=True)
@@ -124,6 +131,9 @@ class AdaptiveBudget:
         self._round_trip_s = config.interval_s  # smoothed time from send to answer
         self._next_overcommit = now
         self._settle_until = now
+        self._ramping = False  # the window grew and the server has yet to run what it let in
+        self._verdict: float | None = None  # the window at the peak, once one was confirmed
+        self._verdict_rate = 0.0  # the tokens per second the fit named there
         budget.max_concurrency = self.concurrency
 
     @property
@@ -138,14 +148,12 @@ class AdaptiveBudget:
 
     def observe(self, hints: LoadHints, now: float) -> None:
         """A load sample (a response's headers or a ``GET /load``) taken at ``now``."""
-        # Right after the window grew, the steps prefill the requests it let in: they say
-        # what a burst of arrivals costs, not what that many running sequences cost.
-        settled = now >= self._settle_until
-        if settled and hints.step_ms is not None and self.curve.observe(
+        if self._steady(hints, now) and hints.step_ms is not None and self.curve.observe(
                 hints.num_running, hints.step_ms, now):
             # Explore the moved curve from where it now runs, in probing steps: a start-up's
             # doubling from a window already sized for a server is too coarse.
             self._found_peak = True
+            self._verdict = None
             self.history.append(("shift", self.concurrency, self.budget.capacity))
         budget = self.budget
         held = hints.kv_cache_usage * (self.plan.kv_tokens or 0)
@@ -162,6 +170,18 @@ class AdaptiveBudget:
             self._kv_backoff(hints, now)
         if now >= self._next_decision:
             self._decide(now)
+
+    def _steady(self, hints: LoadHints, now: float) -> bool:
+        """Whether a sample says what its running count costs in a steady state. Not while
+        the requests a growth let in still queue or prefill (a burst of arrivals costs more
+        than that many running sequences), nor for an interval after; not while the batch
+        drains down to a smaller window (no arrivals, so no prefill: it costs less)."""
+        if self._ramping:
+            if hints.num_running < _REACHED * self.budget.in_flight_requests:
+                return False
+            self._ramping = False
+            self._settle_until = now + self.config.interval_s
+        return now >= self._settle_until
 
     def on_success(
         self,
@@ -224,8 +244,8 @@ class AdaptiveBudget:
             if window > self.latency.cap:
                 window, reason = self.latency.cap, "latency"
         if now >= self._cut_until or window < self.window:
-            if int(window) > self.concurrency:
-                self._settle_until = now + self.config.interval_s
+            if int(window) != self.concurrency:
+                self._ramping = int(window) > self.concurrency
             self._set(window, reason)
 
     def _window_for(
@@ -242,6 +262,16 @@ class AdaptiveBudget:
         explored = (peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
                     and peak.decline >= _PEAK_DECLINE and self._measured_decline(now, top))
         self._found_peak |= explored
+        if not explored and self._verdict is not None:
+            # The points past the peak fade once the window stays at it (samples come only
+            # from where the server runs): the verdict stands until the curve moves, which
+            # shows as the throughput at the peak itself drifting off what it was.
+            if not self._verdict_holds(now):
+                self._verdict = None
+                self.curve.forget()
+                self.history.append(("shift", self.concurrency, self.budget.capacity))
+                return self.window, "shift"
+            return self._verdict, "peak"
         collapse = self._collapse(now)
         if not explored and collapse is not None:
             # Too few points for a fit to confirm, but the measurements alone show the top
@@ -251,8 +281,8 @@ class AdaptiveBudget:
             if not interval.window_full or top < _REACHED * self.window or not (
                     _REACHED * self.window <= running <= self.window + 1):
                 # The window did not limit the load, the server has yet to run what it
-                # allows (or the curve to see it), or it still drains from a larger window:
-                # nothing to learn by growing.
+                # allows (or, when probing, the curve to see it), or it still drains from a
+                # larger window: nothing to learn by growing.
                 return self.window, "hold"
             # BBR leaves its start-up after three rounds without a quarter more bandwidth;
             # on a noisy machine two doublings that paid little are evidence enough.
@@ -270,7 +300,18 @@ class AdaptiveBudget:
             step_down = min(float(peak.concurrency), _DESCENT * bottom, bottom - 1)
             return min(self.window, max(step_down, _DESCENT * _DESCENT * bottom)), "descend"
         margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
-        return peak.concurrency + margin, "peak"
+        self._verdict = peak.concurrency + margin
+        self._verdict_rate = peak.tokens_per_s
+        return self._verdict, "peak"
+
+    def _verdict_holds(self, now: float) -> bool:
+        """False once the samples at the verdict's running count make a throughput
+        ``_SHIFT`` off what the fit named there."""
+        assert self._verdict is not None
+        measured = self.curve.measured_tokens_per_s(now, self._verdict)
+        if measured is None or abs(measured[0] - self._verdict) > _NEAR * self._verdict:
+            return True
+        return abs(measured[1] / self._verdict_rate - 1.0) <= _SHIFT
 
     def _gain(self, now: float, top: float, ratio: float) -> float | None:
         """Measured throughput at the top of the curve over that at ``ratio × top``; None

@@ -31,6 +31,9 @@ import numpy as np
 _MAX_WEIGHT = 16.0
 _MIN_WEIGHT = 0.05  # a bucket this faded is forgotten
 _FIT_WEIGHT = 2.0  # a bucket with less (one sample, or faded) is too thin to fit through
+# Nor one sampled over less time than this: a moment at some running count (a burst of
+# prefills after a growth, a batch passing through on its way down) is no steady state.
+_FIT_SPAN_S = 0.5
 _SHIFT = 0.3  # a sample this far off the fit (as a share of it) counts towards a shift
 _SHIFT_SAMPLES = 40  # so many in a row (2 s of polling), all above or all below: it moved
 
@@ -41,6 +44,7 @@ class _Bucket:
     step_ms: float
     weight: float
     seen_at: float
+    first_seen: float
 
 
 def _bucket_key(num_running: int) -> int:
@@ -80,6 +84,11 @@ class StepCurve:
         self._add(num_running, step_ms, now)
         return shifted
 
+    def forget(self) -> None:
+        """Drop every sample: the curve moved, and what it was says nothing now."""
+        self._buckets.clear()
+        self._off_fit = 0
+
     def _track_shift(self, num_running: int, step_ms: float, now: float) -> bool:
         points = self.fit_points(now)
         if not points or not points[0][0] <= num_running <= points[-1][0]:
@@ -104,21 +113,22 @@ class StepCurve:
         key = _bucket_key(num_running)
         bucket = self._buckets.get(key)
         if bucket is None:
-            self._buckets[key] = _Bucket(float(num_running), step_ms, 1.0, now)
+            self._buckets[key] = _Bucket(float(num_running), step_ms, 1.0, now, now)
             return
         weight = min(self._faded(bucket, now) + 1.0, _MAX_WEIGHT)
         bucket.running += (num_running - bucket.running) / weight
         bucket.step_ms += (step_ms - bucket.step_ms) / weight
         bucket.weight, bucket.seen_at = weight, now
 
-    def points(self, now: float) -> list[tuple[float, float, float]]:
-        """(mean running count, step ms, weight) of every bucket still remembered."""
+    def points(self, now: float, min_span_s: float = 0.0) -> list[tuple[float, float, float]]:
+        """(mean running count, step ms, weight) of every bucket still remembered (and
+        sampled over ``min_span_s`` at least)."""
         points = []
         for key, bucket in list(self._buckets.items()):
             weight = self._faded(bucket, now)
             if weight < _MIN_WEIGHT:
                 del self._buckets[key]
-            else:
+            elif bucket.seen_at - bucket.first_seen >= min_span_s:
                 points.append((bucket.running, bucket.step_ms, weight))
         return sorted(points)
 
@@ -148,7 +158,7 @@ class StepCurve:
 
     def fit_points(self, now: float) -> list[tuple[float, float, float]]:
         """The points with weight enough to fit through."""
-        return [p for p in self.points(now) if p[2] >= _FIT_WEIGHT]
+        return [p for p in self.points(now, _FIT_SPAN_S) if p[2] >= _FIT_WEIGHT]
 
     def step_ms_at(self, now: float, concurrency: float) -> float | None:
         """The fitted step time at ``concurrency`` (None without enough samples)."""
