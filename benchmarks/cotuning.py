@@ -239,16 +239,21 @@ async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
     }
 
 
-async def two_replicas(urls: list[str], model: str, seed: int,
-                       num_rounds: int) -> dict[str, Any]:
+async def two_replicas(urls: list[str], model: str, seed: int, num_rounds: int,
+                       num_requests: int) -> dict[str, Any]:
     shape = SHAPES["sharegpt"]
-    shape = Shape(shape.name, shape.requests // 2, shape.input, shape.output)
-    print(f"two replicas (auto), {shape.requests} sharegpt requests, {num_rounds} rounds",
-          flush=True)
+    shape = Shape(shape.name, num_requests, shape.input, shape.output)
+    print(f"two replicas (auto), {shape.requests} sharegpt requests each alone, "
+          f"{2 * shape.requests} together, {num_rounds} rounds", flush=True)
     targets = {"large": urls[:1], "small": urls[1:], "both": urls}
+    # The pair gets a batch of each solo run's size per replica, so that every run spends
+    # about as long in a steady state before the batch drains (the drain, as the last long
+    # answers finish, would otherwise weigh twice as much in the pair's shorter run).
+    sizes = {"large": shape.requests, "small": shape.requests, "both": 2 * shape.requests}
     results: dict[str, list[RunResult]] = {}
     for salt, label in enumerate(rounds(list(targets), num_rounds)):
-        requests = make_requests(shape, model, seed, salt=seed * 2000 + salt)
+        sized = Shape(shape.name, sizes[label], shape.input, shape.output)
+        requests = make_requests(sized, model, seed, salt=seed * 2000 + salt)
         result = await run_once(targets[label], "auto", requests, label)
         results.setdefault(label, []).append(result)
     runs = {label: merge(results[label]) for label in targets}
@@ -316,6 +321,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--small-max-num-seqs", type=int, default=8,
                         help="the smaller replica's --max-num-seqs")
     parser.add_argument("--no-replicas", action="store_true")
+    parser.add_argument("--replica-requests", type=int, default=400,
+                        help="sharegpt requests of the two-replica runs (long enough that "
+                             "each replica spends most of it in a steady state)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="let the replicas share every core instead of one core set each")
     parser.add_argument("--threads", type=int, default=1,
@@ -328,6 +336,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.quick:
         args.budgets, args.rounds = "4096,16384,65536", 1
+        args.replica_requests //= 4
     return args
 
 
@@ -355,7 +364,7 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
     model = args.model_dir
     budgets = [int(b) for b in args.budgets.split(",")]
     shapes = {}
-    for name in args.shapes.split(","):
+    for name in filter(None, args.shapes.split(",")):
         shape = scaled(SHAPES[name], args.quick)
         await run_once(urls[:1], 4096, make_requests(shape, model, 99, 99)[:8])  # warm up
         shapes[name] = await sweep_shape(urls[0], model, shape, budgets, args.seed,
@@ -369,12 +378,14 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
         "load_average": os.getloadavg()[0],
         "shapes": shapes,
         "auto_vs_best_fixed": {k: v["auto_vs_best_fixed"] for k, v in shapes.items()},
-        "min_auto_vs_best_fixed": min(v["auto_vs_best_fixed"] for v in shapes.values()),
+        "min_auto_vs_best_fixed": min((v["auto_vs_best_fixed"] for v in shapes.values()),
+                                      default=None),
         "auto_preemptions": sum(v["auto_preemptions"] for v in shapes.values()),
         "auto_429s": sum(v["auto_429s"] for v in shapes.values()),
     }
     if len(urls) > 1:
-        replicas = await two_replicas(urls, model, args.seed, args.rounds)
+        replicas = await two_replicas(urls, model, args.seed, args.rounds,
+                                      args.replica_requests)
         line["two_replicas"] = replicas
         line["two_replicas_vs_sum_of_solo"] = replicas["two_replicas_vs_sum_of_solo"]
     return line

@@ -68,8 +68,10 @@ _BOTH_SIDES = 1.1
 _STARTUP_EXIT = 2
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _OVERCOMMIT_GROWTH = 1.25
+_OVERCOMMIT_MAX_GROWTH = 2.0
 _EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
 _SHARED_KV_SHARE = 0.7
+_SHARED_PREFIX_SHARE = 0.4
 _MIN_FINISHED = 16  # answers seen before reservations may be judged against real use
 _SMOOTHING = 0.1
 _KV_BACKOFF = 0.85
@@ -134,6 +136,7 @@ class AdaptiveBudget:
         self._ramping = False  # the window grew and the server has yet to run what it let in
         self._verdict: float | None = None  # the window at the peak, once one was confirmed
         self._verdict_rate = 0.0  # the tokens per second the fit named there
+        self._kv_low_since: float | None = None  # held under _SHARED_PREFIX_SHARE since
         budget.max_concurrency = self.concurrency
 
     @property
@@ -172,10 +175,10 @@ class AdaptiveBudget:
             self._decide(now)
 
     def _steady(self, hints: LoadHints, now: float) -> bool:
-        """Whether a sample says what its running count costs in a steady state. Not while
-        the requests a growth let in still queue or prefill (a burst of arrivals costs more
-        than that many running sequences), nor for an interval after; not while the batch
-        drains down to a smaller window (no arrivals, so no prefill: it costs less)."""
+        """Whether a sample says what its running count costs in a steady state: not while
+        the requests a growth (of the window or the token capacity) let in still queue or
+        prefill on the server, nor for an interval after. A burst of arrivals makes slower
+        steps than that many running sequences make once the batch has mixed ages."""
         if self._ramping:
             if hints.num_running < _REACHED * self.budget.in_flight_requests:
                 return False
@@ -350,6 +353,10 @@ class AdaptiveBudget:
 
     def _tune_tokens(self, interval: _Interval, now: float) -> None:
         """Grow the token capacity past the KV size where reservations overstate the cache."""
+        if interval.kv_per_reserved >= _SHARED_PREFIX_SHARE:
+            self._kv_low_since = None
+        elif self._kv_low_since is None:
+            self._kv_low_since = now
         if (self.plan.kv_tokens is None or now < self._next_overcommit
                 or self._finished < _MIN_FINISHED):
             return
@@ -357,7 +364,19 @@ class AdaptiveBudget:
                       or interval.kv_per_reserved < _SHARED_KV_SHARE)
         if overstated and interval.tokens_full and interval.kv_peak < self.config.kv_usage_low:
             self._next_overcommit = now + max(self.config.interval_s, self._round_trip_s)
-            self._set_tokens(self.kv_factor * _OVERCOMMIT_GROWTH, "overcommit")
+            # The cache fills about in proportion to what is reserved: grow towards the
+            # capacity that would bring it to kv_usage_low, a quarter at most.
+            towards = self.config.kv_usage_low / max(interval.kv_peak, 1e-3)
+            growth = min(_OVERCOMMIT_GROWTH, towards)
+            low_for = now - self._kv_low_since if self._kv_low_since is not None else 0.0
+            if low_for >= self._round_trip_s:
+                # The cache has held under _SHARED_PREFIX_SHARE of what is reserved for a
+                # whole round trip, so answers growing did not fill it: prompts share a
+                # cached prefix: up to a doubling per round trip. (A batch's first answers,
+                # all young at once, hold little for a while, then fill the cache as they
+                # grow: those get the small steps.)
+                growth = min(_OVERCOMMIT_MAX_GROWTH, towards)
+            self._set_tokens(self.kv_factor * growth, "overcommit")
 
     def _kv_backoff(self, hints: LoadHints, now: float) -> None:
         if now < self._cut_until:
@@ -391,5 +410,7 @@ class AdaptiveBudget:
         tokens = max(self.plan.min_tokens, min(tokens, self.plan.max_tokens))
         self.kv_factor = tokens / self.plan.kv_tokens
         if tokens != self.budget.capacity:
+            # More room lets a burst in, as a wider window does.
+            self._ramping |= tokens > self.budget.capacity
             self.budget.resize(tokens)
             self.history.append((reason, self.concurrency, tokens))

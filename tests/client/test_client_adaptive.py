@@ -85,14 +85,17 @@ class Simulation:
     With ``admit_per_step`` the server queues what it is sent and starts at most that many
     requests a step, each adding ``prefill_ms`` to the step that prefills it: a burst of
     arrivals makes slow steps for a while, a cost the running count's steady state lacks.
-    With ``vary_output`` answers are 25 to 50 tokens long, so they do not finish in cohorts."""
+    With ``vary_output`` answers are 25 to 50 tokens long, so they do not finish in cohorts.
+    With ``shared_prefix`` every prompt is ``shared_prefix`` tokens of one cached prefix plus
+    its own 10: the cache holds the prefix once, while each reservation counts it."""
 
     PROMPT, OUTPUT = 10, 50
 
     def __init__(self, engine: FakeEngine, config: AdaptiveConfig | None = None,
                  admit_per_step: int | None = None, prefill_ms: float = 0.0,
-                 vary_output: bool = False) -> None:
+                 vary_output: bool = False, shared_prefix: int = 0) -> None:
         self.engine = engine
+        self.shared_prefix = shared_prefix
         self.lengths = random.Random(1) if vary_output else None
         self.admit_per_step, self.prefill_ms = admit_per_step, prefill_ms
         self.queue: list[Request] = []
@@ -111,7 +114,7 @@ class Simulation:
             self.step()
 
     def step(self) -> None:
-        size = self.PROMPT + self.OUTPUT
+        size = self.shared_prefix + self.PROMPT + self.OUTPUT
         while (reservation := self.budget.try_acquire(size)) is not None:
             length = self.OUTPUT if self.lengths is None else self.lengths.randint(
                 self.OUTPUT // 2, self.OUTPUT)
@@ -125,6 +128,7 @@ class Simulation:
         self.engine.generated += n
         self.trace.append((self.now, n, n / step_s))
         used = sum(self.PROMPT + r.length - r.remaining for r in self.running)
+        used += self.shared_prefix if self.running else 0
         if used > self.engine.kv_tokens - self.engine.squeeze:
             self.engine.preemptions += 1
         hints = LoadHints(min(1.0, used / self.engine.kv_tokens), len(self.queue), n,
@@ -229,6 +233,22 @@ def test_capacity_grows_past_the_cache_while_answers_are_half_written():
     assert sim.controller.capacity > 0.9 * engine.kv_tokens
     assert running > 50
     assert "overcommit" in {reason for reason, _, _ in sim.controller.history}
+    assert engine.preemptions == 0
+
+
+def test_capacity_doubles_towards_the_headroom_under_a_shared_prefix():
+    # Each request reserves 360 tokens, 300 of them a prefix the cache holds once: 0.9 of a
+    # 6,000-token cache reserves 15 requests while the cache could hold 100 and the peak is
+    # at 100. Once the cache has stayed that low for a round trip, the capacity doubles per
+    # round trip (not a quarter more) and stops short of full.
+    engine = FakeEngine(base_ms=20.0, c_ms=0.002, kv_tokens=6000)
+    sim = Simulation(engine, shared_prefix=300)
+    sim.run(20.0)
+    capacities = [tokens for reason, _, tokens in sim.controller.history
+                  if reason in ("start", "overcommit")]
+    assert any(b == 2 * a for a, b in zip(capacities, capacities[1:], strict=False))
+    running, _ = sim.mean_since(14.0)
+    assert running > 50
     assert engine.preemptions == 0
 
 
