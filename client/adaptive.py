@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 _HISTORY = 1024
 _STARTUP_GROWTH = 2.0
 _PROBE_GROWTH = 1.25
+_PROBE_PAID = 1.02  # a probe that gained this much throughput: the next one goes further
 # The window above the peak: answers on their way back and requests on their way out leave
 # the batch short for a moment, and a few queued requests refill it at once.
 _PEAK_MARGIN = 0.05
@@ -137,6 +138,7 @@ class AdaptiveBudget:
         self._verdict: float | None = None  # the window at the peak, once one was confirmed
         self._verdict_rate = 0.0  # the tokens per second the fit named there
         self._kv_low_since: float | None = None  # held under _SHARED_PREFIX_SHARE since
+        self._probe_growth = _PROBE_GROWTH
         budget.max_concurrency = self.concurrency
 
     @property
@@ -284,16 +286,17 @@ class AdaptiveBudget:
             if not interval.window_full or top < _REACHED * self.window or not (
                     _REACHED * self.window <= running <= self.window + 1):
                 # The window did not limit the load, the server has yet to run what it
-                # allows (or, when probing, the curve to see it), or it still drains from a
-                # larger window: nothing to learn by growing.
+                # allows (or the curve to see it), or it still drains from a larger window:
+                # nothing to learn by growing.
                 return self.window, "hold"
             # BBR leaves its start-up after three rounds without a quarter more bandwidth;
             # on a noisy machine two doublings that paid little are evidence enough.
             self._small_gains = self._small_gains + 1 if self._doubling_pays_little(
                 now, top) else 0
             self._found_peak |= self._small_gains >= _STARTUP_EXIT
-            growth = _PROBE_GROWTH if self._found_peak else _STARTUP_GROWTH
-            return self.window * growth, "probe" if self._found_peak else "startup"
+            if not self._found_peak:
+                return self.window * _STARTUP_GROWTH, "startup"
+            return self.window * self._next_probe_growth(now, top), "probe"
         assert peak is not None
         bottom = min(n for n, _, _ in self.curve.fit_points(now))
         if peak.concurrency <= _BOTH_SIDES * bottom:
@@ -344,6 +347,17 @@ class AdaptiveBudget:
             return False
         rates = [n / step for n, step, _ in points]
         return rates[-1] <= (1.0 - _PEAK_DECLINE) * max(rates)
+
+    def _next_probe_growth(self, now: float, top: float) -> float:
+        """A quarter more, and more after each probe that still paid: past the knee a
+        curve may keep rising gently up to the server's limit, and probing it a quarter at a
+        time would spend a whole batch getting there."""
+        gain = self._gain(now, top, 1.0 / self._probe_growth)
+        if gain is not None and gain >= _PROBE_PAID:
+            self._probe_growth = min(_STARTUP_GROWTH, self._probe_growth * _PROBE_GROWTH)
+        else:
+            self._probe_growth = _PROBE_GROWTH
+        return self._probe_growth
 
     def _doubling_pays_little(self, now: float, top: float) -> bool:
         """True when the last doubling of the running count gained under a quarter more

@@ -33,7 +33,7 @@ _MIN_WEIGHT = 0.05  # a bucket this faded is forgotten
 _FIT_WEIGHT = 2.0  # a bucket with less (one sample, or faded) is too thin to fit through
 # Nor one sampled over less time than this: a moment at some running count (a burst of
 # prefills after a growth, a batch passing through on its way down) is no steady state.
-_FIT_SPAN_S = 0.5
+_FIT_SPAN_S = 0.25
 _SHIFT = 0.3  # a sample this far off the fit (as a share of it) counts towards a shift
 _SHIFT_SAMPLES = 40  # so many in a row (2 s of polling), all above or all below: it moved
 
