@@ -182,6 +182,28 @@ def test_a_burst_of_prefills_after_growth_is_no_peak():
     assert engine.preemptions == 0
 
 
+class GentleEngine(FakeEngine):
+    """Step time ``base + c·n``: throughput rises ever more gently, with no peak short of
+    the client's limit (512 here)."""
+
+    def step_ms(self, n: int) -> float:
+        return (self.base_ms + self.c_ms * n) * self.rng.uniform(0.97, 1.03)
+
+
+def test_probes_speed_up_while_a_gentle_curve_keeps_paying():
+    # Doubling 32 -> 64 -> 128 gains under a quarter each time, so the start-up ends at 128;
+    # every probe after still gains a little. A quarter per probe takes seven probes (8.6 s)
+    # to reach 400; growing further after each probe that paid, four.
+    sim = Simulation(GentleEngine(base_ms=20.0, c_ms=1.0))
+    reached = None
+    while sim.now < 10.0 and reached is None:
+        sim.step()
+        reached = sim.now if sim.controller.concurrency >= 400 else None
+    assert reached is not None and reached < 6.5
+    probes = [window for reason, window, _ in sim.controller.history if reason == "probe"]
+    assert probes[:2] == [160, 250]
+
+
 def test_follows_the_peak_when_the_workload_changes():
     engine = FakeEngine(base_ms=20.0, c_ms=0.08)  # long contexts: the peak is at 15.8
     sim = Simulation(engine)
