@@ -20,12 +20,9 @@ Two limits move, per endpoint:
 - the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
   every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
   preempt. The capacity grows past the KV size only on evidence that reservations overstate
-  what the cache will hold: answers that stop well short of ``max_tokens``, or a cache
-  holding under ``_SHARED_KV_SHARE`` of what is reserved (answers in flight are half written
-  on average, and prompts may share a cached prefix),
-  while the reservations bind and the cache stays under ``kv_usage_low``; at most once per
-  request round trip, since the cache fills as answers grow. Above ``kv_usage_high`` it
-  shrinks back *before* the cache runs out.
+  what the cache will hold (``Overcommit``), while the reservations bind and the cache stays
+  under ``kv_usage_low``. Above ``kv_usage_high`` it shrinks back *before* the cache runs
+  out.
 
 A rise in the server's preemption count or a 429 cuts the window by ``decrease_factor``, once
 per interval (requests sent before a cut keep reporting the old congestion). With a
@@ -49,6 +46,7 @@ from pagedserve.client.adaptive_plan import (
 )
 from pagedserve.client.budget import TokenBudget
 from pagedserve.client.latency_target import LatencyGuard, estimate_latency_ms
+from pagedserve.client.overcommit import Overcommit
 from pagedserve.client.peak import StepCurve
 from pagedserve.common.load_hints import LoadHints
 
@@ -68,13 +66,6 @@ _REACHED = 0.9
 _BOTH_SIDES = 1.1
 _STARTUP_EXIT = 2
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
-_OVERCOMMIT_GROWTH = 1.25
-_OVERCOMMIT_MAX_GROWTH = 2.0
-_EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
-_SHARED_KV_SHARE = 0.7
-_SHARED_PREFIX_SHARE = 0.4
-_MIN_FINISHED = 16  # answers seen before reservations may be judged against real use
-_SMOOTHING = 0.1
 _KV_BACKOFF = 0.85
 _SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
 _NEAR = 0.15
@@ -129,15 +120,11 @@ class AdaptiveBudget:
         self._preemptions: int | None = None
         self._found_peak = False
         self._small_gains = 0
-        self._used_share = 1.0  # smoothed used / reserved tokens of finished requests
-        self._finished = 0
-        self._round_trip_s = config.interval_s  # smoothed time from send to answer
-        self._next_overcommit = now
+        self.overcommit = Overcommit(config.interval_s, config.kv_usage_low, now)
         self._settle_until = now
         self._ramping = False  # the window grew and the server has yet to run what it let in
         self._verdict: float | None = None  # the window at the peak, once one was confirmed
         self._verdict_rate = 0.0  # the tokens per second the fit named there
-        self._kv_low_since: float | None = None  # held under _SHARED_PREFIX_SHARE since
         self._probe_growth = _PROBE_GROWTH
         budget.max_concurrency = self.concurrency
 
@@ -202,11 +189,7 @@ class AdaptiveBudget:
         """A request sent in ``sent_epoch`` (at ``sent_at``) finished, holding ``tokens`` and
         using ``used_tokens``; ``hints`` came with its answer (None from servers that send
         none)."""
-        self._finished += 1
-        if used_tokens is not None and tokens > 0:
-            self._used_share += _SMOOTHING * (min(1.0, used_tokens / tokens) - self._used_share)
-        if now is not None and sent_at is not None:
-            self._round_trip_s += _SMOOTHING * (now - sent_at - self._round_trip_s)
+        self.overcommit.on_answer(tokens, used_tokens, now, sent_at)
         if hints is None:
             if sent_epoch == self.epoch and self.window < self.plan.initial_concurrency:
                 self._set(self.window + 1.0 / max(self.window, 1.0), "increase")
@@ -367,29 +350,9 @@ class AdaptiveBudget:
 
     def _tune_tokens(self, interval: _Interval, now: float) -> None:
         """Grow the token capacity past the KV size where reservations overstate the cache."""
-        if interval.kv_per_reserved >= _SHARED_PREFIX_SHARE:
-            self._kv_low_since = None
-        elif self._kv_low_since is None:
-            self._kv_low_since = now
-        if (self.plan.kv_tokens is None or now < self._next_overcommit
-                or self._finished < _MIN_FINISHED):
-            return
-        overstated = (self._used_share < _EARLY_STOP_SHARE
-                      or interval.kv_per_reserved < _SHARED_KV_SHARE)
-        if overstated and interval.tokens_full and interval.kv_peak < self.config.kv_usage_low:
-            self._next_overcommit = now + max(self.config.interval_s, self._round_trip_s)
-            # The cache fills about in proportion to what is reserved: grow towards the
-            # capacity that would bring it to kv_usage_low, a quarter at most.
-            towards = self.config.kv_usage_low / max(interval.kv_peak, 1e-3)
-            growth = min(_OVERCOMMIT_GROWTH, towards)
-            low_for = now - self._kv_low_since if self._kv_low_since is not None else 0.0
-            if low_for >= self._round_trip_s:
-                # The cache has held under _SHARED_PREFIX_SHARE of what is reserved for a
-                # whole round trip, so answers growing did not fill it: prompts share a
-                # cached prefix: up to a doubling per round trip. (A batch's first answers,
-                # all young at once, hold little for a while, then fill the cache as they
-                # grow: those get the small steps.)
-                growth = min(_OVERCOMMIT_MAX_GROWTH, towards)
+        growth = self.overcommit.growth(interval.kv_per_reserved, interval.kv_peak,
+                                        interval.tokens_full, now)
+        if growth is not None and self.plan.kv_tokens is not None:
             self._set_tokens(self.kv_factor * growth, "overcommit")
 
     def _kv_backoff(self, hints: LoadHints, now: float) -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -268,7 +269,7 @@ def test_capacity_doubles_towards_the_headroom_under_a_shared_prefix():
     sim.run(20.0)
     capacities = [tokens for reason, _, tokens in sim.controller.history
                   if reason in ("start", "overcommit")]
-    assert any(b == 2 * a for a, b in zip(capacities, capacities[1:], strict=False))
+    assert any(b == 2 * a for a, b in itertools.pairwise(capacities))
     running, _ = sim.mean_since(14.0)
     assert running > 50
     assert engine.preemptions == 0
