@@ -68,7 +68,7 @@ _STARTUP_EXIT = 2
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _KV_BACKOFF = 0.85
 _SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
-_NEAR = 0.15
+_NEAR = 0.15  # samples within this share of the verdict's running count speak for it
 
 
 @dataclass(slots=True)

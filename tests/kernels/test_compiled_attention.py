@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_cases import assert_matches, build_paged_kv, naive_decode, naive_prefill
+from cpu_attention_cases import (
+    REFERENCE,
+    SCALE,
+    check_bad_decode_input,
+    check_prefill_with_prefix_hits,
+    cpu_queries,
+)
+from triton_cases import assert_matches, build_paged_kv, naive_decode
 
 from pagedserve.kernels import compiled_attention
-from pagedserve.kernels.dispatch import get_kernel_ops, has_cpp_compiler
+from pagedserve.kernels.dispatch import has_cpp_compiler
 
 pytestmark = pytest.mark.skipif(not has_cpp_compiler(), reason="inductor needs a C++ compiler")
-
-SCALE = 0.125
-REFERENCE = get_kernel_ops("cpu", backend="torch")
-
-
-def _queries(num_rows: int, num_heads: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(1)
-    return torch.randn(num_rows, num_heads, head_dim, generator=gen).to(dtype)
-
 
 # One compile per (heads, KV heads, head size, dtype): block sizes and lengths are dynamic.
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -32,7 +30,7 @@ def _queries(num_rows: int, num_heads: int, head_dim: int, dtype: torch.dtype) -
 def test_decode_matches_reference(block_size, dtype, num_heads, num_kv_heads):
     seq_lens = [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 2, 5]
     kv = build_paged_kv(seq_lens, num_kv_heads, 64, block_size, dtype)
-    query = _queries(len(seq_lens), num_heads, 64, dtype)
+    query = cpu_queries(len(seq_lens), num_heads, 64, dtype)
     args = (query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
 
     out = compiled_attention.paged_attention_decode(*args)
@@ -45,7 +43,7 @@ def test_decode_matches_reference(block_size, dtype, num_heads, num_kv_heads):
 def test_ragged_batch_and_a_batch_of_one():
     # 3 vs 300 positions: padding would waste > 2x, so the batch runs as length groups.
     kv = build_paged_kv([3, 300, 17], 2, 64, 16, torch.float32)
-    query = _queries(3, 8, 64, torch.float32)
+    query = cpu_queries(3, 8, 64, torch.float32)
     out = compiled_attention.paged_attention_decode(
         query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
     assert_matches(out, naive_decode(query, kv, SCALE), torch.float32)
@@ -57,33 +55,11 @@ def test_ragged_batch_and_a_batch_of_one():
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
 def test_prefill_with_prefix_hits_and_decode_rows(block_size):
-    # (cached context, new tokens): a fresh prompt, decodes at both sides of a block boundary,
-    # a chunk after a prefix hit one past a boundary, a short chunk after a long context.
-    chunks = [(0, 7), (block_size - 1, 1), (block_size, 1), (block_size + 1, block_size + 2),
-              (2 * block_size + 8, 5)]
-    query_lens = [q for _, q in chunks]
-    starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
-    kv = build_paged_kv([c + q for c, q in chunks], 2, 64, block_size, torch.float32)
-    query = _queries(sum(query_lens), 8, 64, torch.float32)
-    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.seq_lens, SCALE)
-
-    out = compiled_attention.paged_attention_prefill(*args)
-
-    assert_matches(out, naive_prefill(query, kv, query_lens, SCALE), torch.float32)
-    assert_matches(out, REFERENCE.paged_attention_prefill(*args).double(), torch.float32)
+    check_prefill_with_prefix_hits(compiled_attention.paged_attention_prefill, block_size)
 
 
 def test_bad_input_is_the_reference_error():
-    kv = build_paged_kv([5, 9], 2, 64, 8, torch.float32)
-    query = _queries(3, 8, 64, torch.float32)
-    with pytest.raises(ValueError, match="decode takes one query per sequence: query has 3 "
-                                         "rows for 2 sequences"):
-        compiled_attention.paged_attention_decode(
-            query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
-    too_long = torch.tensor([5, 99], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"seq_lens must lie in \[1, 24\]"):
-        compiled_attention.paged_attention_decode(
-            query[:2], kv.key_cache, kv.value_cache, kv.block_tables, too_long, SCALE)
+    check_bad_decode_input(compiled_attention.paged_attention_decode)
 
 
 def test_warm_up_compiles_before_the_first_call():

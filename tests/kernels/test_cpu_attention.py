@@ -8,26 +8,23 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_cases import assert_matches, build_paged_kv, naive_decode, naive_prefill
+from cpu_attention_cases import (
+    REFERENCE,
+    SCALE,
+    check_bad_decode_input,
+    check_prefill_with_prefix_hits,
+    cpu_queries,
+)
+from triton_cases import assert_matches, build_paged_kv, naive_decode
 
 from pagedserve.common.cache_dir import CACHE_ENV
 from pagedserve.kernels import cpu_attention, cpu_parallel, native_build
-from pagedserve.kernels.dispatch import get_kernel_ops
 
 pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
 
-SCALE = 0.125
-REFERENCE = get_kernel_ops("cpu", backend="torch")
-
-
-def _queries(num_rows: int, num_heads: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(1)
-    return torch.randn(num_rows, num_heads, head_dim, generator=gen).to(dtype)
-
-
 def _decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype):
     kv = build_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype)
-    query = _queries(len(seq_lens), num_heads, head_dim, dtype)
+    query = cpu_queries(len(seq_lens), num_heads, head_dim, dtype)
     args = (query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
     return cpu_attention.paged_attention_decode(*args), query, kv, args
 
@@ -61,7 +58,7 @@ def test_a_ragged_batch_split_across_threads(threads):
 
 def test_a_batch_of_one():
     kv = build_paged_kv([3, 300, 17], 2, 64, 16, torch.float32)
-    query = _queries(3, 8, 64, torch.float32)
+    query = cpu_queries(3, 8, 64, torch.float32)
     one = cpu_attention.paged_attention_decode(
         query[1:2], kv.key_cache, kv.value_cache, kv.block_tables[1:2], kv.seq_lens[1:2], SCALE)
     assert_matches(one, naive_decode(query, kv, SCALE)[1:2], torch.float32)
@@ -76,31 +73,11 @@ def test_split_balances_the_context_read():
 
 @pytest.mark.parametrize("block_size", [8, 16])
 def test_prefill_with_prefix_hits_and_decode_rows(block_size):
-    chunks = [(0, 7), (block_size - 1, 1), (block_size, 1), (block_size + 1, block_size + 2),
-              (2 * block_size + 8, 5)]
-    query_lens = [q for _, q in chunks]
-    starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
-    kv = build_paged_kv([c + q for c, q in chunks], 2, 64, block_size, torch.float32)
-    query = _queries(sum(query_lens), 8, 64, torch.float32)
-    args = (query, kv.key_cache, kv.value_cache, kv.block_tables, starts, kv.seq_lens, SCALE)
-
-    out = cpu_attention.paged_attention_prefill(*args)
-
-    assert_matches(out, naive_prefill(query, kv, query_lens, SCALE), torch.float32)
-    assert_matches(out, REFERENCE.paged_attention_prefill(*args).double(), torch.float32)
+    check_prefill_with_prefix_hits(cpu_attention.paged_attention_prefill, block_size)
 
 
 def test_bad_input_is_the_reference_error():
-    kv = build_paged_kv([5, 9], 2, 64, 8, torch.float32)
-    query = _queries(3, 8, 64, torch.float32)
-    with pytest.raises(ValueError, match="decode takes one query per sequence: query has 3 "
-                                         "rows for 2 sequences"):
-        cpu_attention.paged_attention_decode(
-            query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
-    too_long = torch.tensor([5, 99], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"seq_lens must lie in \[1, 24\]"):
-        cpu_attention.paged_attention_decode(
-            query[:2], kv.key_cache, kv.value_cache, kv.block_tables, too_long, SCALE)
+    check_bad_decode_input(cpu_attention.paged_attention_decode)
 
 
 def test_the_build_is_cached_per_machine(tmp_path, monkeypatch):
