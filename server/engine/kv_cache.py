@@ -71,6 +71,10 @@ class KVCache:
         pool = torch.empty((num_blocks, *shape), dtype=self.dtype, device=device, pin_memory=pin)
         if device.type == "cpu" and not pin and device == self.device:
             advise_huge_pages(pool)  # the pool attention reads every step (host_memory.py)
+            # Touched now, not by the first writes of each block: serving then pays no page
+            # faults (the kernel zeroes each page on first touch), and the memory is the
+            # process's from the start rather than taken from the system mid-run.
+            pool.zero_()
         return pool
 
     @classmethod
