@@ -64,6 +64,27 @@ def test_a_batch_of_one():
     assert_matches(one, naive_decode(query, kv, SCALE)[1:2], torch.float32)
 
 
+def test_the_step_layout_follows_tables_and_lengths_rewritten_in_place():
+    # Every layer of a step passes the same tables and lengths, and the kernel derives its
+    # layout from them once; a caller that rewrites them in place between calls must be
+    # served the new ones.
+    kv = build_paged_kv([40, 7, 33], 2, 64, 16, torch.float32)
+    query = cpu_queries(3, 8, 64, torch.float32)
+    tables, lens = kv.block_tables.clone(), kv.seq_lens.clone()
+    first = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache, tables,
+                                                 lens, SCALE)
+    assert_matches(first, naive_decode(query, kv, SCALE), torch.float32)
+    lens[0], lens[2] = 17, 1
+    tables[[0, 1]] = tables[[1, 0]]
+    lens[[0, 1]] = lens[[1, 0]].clone()
+    again = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache, tables,
+                                                 lens, SCALE)
+    expected = REFERENCE.paged_attention_decode(query, kv.key_cache, kv.value_cache, tables,
+                                                lens, SCALE)
+    assert_matches(again, expected.double(), torch.float32)
+    assert not torch.allclose(again, first)
+
+
 def test_split_balances_the_context_read():
     lens = torch.tensor([100, 1, 1, 1, 100, 1, 1, 1], dtype=torch.int32)
     assert cpu_parallel.balanced_bounds(lens, 2) == [0, 4, 8]
