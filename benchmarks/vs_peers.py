@@ -13,7 +13,10 @@ as many slots as the budget holds whole requests (at most the concurrency). One 
 exceeds the budget at its concurrency (128 x 640 tokens > 65,536 in 1 GiB), so the KV cache is
 the limit there.
 
-    python benchmarks/vs_peers.py --vllm PATH --llama-server PATH [--quick]
+    python benchmarks/vs_peers.py --vllm PATH --llama-server PATH [--quick] [--rounds 3]
+
+With ``--rounds N`` every server runs N times in turn and each cell is its median round
+(``vs_peers_report.py``).
 
 A peer that is not installed is skipped with the reason. Last line: one JSON object with
 ``ratio_vs_vllm_cpu`` and ``ratio_vs_llama_cpp`` per workload and the minimum of each.
@@ -36,6 +39,7 @@ from pathlib import Path
 
 # Run as a script: its own folder is on sys.path.
 from peer_model import build_peer_model
+from vs_peers_report import report
 
 BYTES_PER_GIB = 1 << 30
 # The console script installed beside this interpreter.
@@ -267,6 +271,9 @@ def main() -> None:
                         help="comma-separated servers to run (vLLM's client is used whenever "
                              "--vllm is given, even when its server is not run)")
     parser.add_argument("--startup-timeout", type=float, default=900.0)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every server this many times in turn and report each "
+                             "one's median (a noisy machine drifts between servers)")
     args = parser.parse_args()
 
     work = Path(args.work_dir).resolve()
@@ -294,15 +301,30 @@ def main() -> None:
             return pagedserve_bench(base_url, model, w, out)
         return bench
 
+    rounds: list[dict[str, dict]] = []
+    second = None
+    for number in range(1, args.rounds + 1):
+        if args.rounds > 1:
+            print(f"round {number} of {args.rounds}", flush=True)
+        rounds.append(run_round(args, model, workloads, kv_tokens, work, chosen, vllm, llama,
+                                skipped, client))
+        if number == 1 and "pagedserve" in chosen and vllm is not None:
+            second = second_opinion(model, args, work, workloads[0])
+    report(rounds, workloads, skipped, second, kv_tokens, args.kv_gib,
+           args.llama_cache_type)
+
+
+def run_round(args: argparse.Namespace, model: Path, workloads: list[Workload], kv_tokens: int,
+              work: Path, chosen: set[str], vllm: Path | None, llama: Path | None,
+              skipped: dict, client) -> dict[str, dict]:
+    """Every chosen server in turn over all workloads: {server: {workload: result}}."""
     results: dict[str, dict] = {}
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    second = None
     if "pagedserve" in chosen:
         results["pagedserve"] = run_shared_server(
             pagedserve_server(model, port, args.kv_gib, work), base, workloads,
             client(base, "pagedserve"), args.startup_timeout)
-        second = second_opinion(model, args, work, workloads[0]) if vllm is not None else None
     if vllm is not None and "vllm_cpu" in chosen:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
@@ -320,7 +342,7 @@ def main() -> None:
         except (RuntimeError, subprocess.CalledProcessError) as exc:
             skipped["llama_cpp"] = f"failed: {exc}"
             print(f"llama_cpp failed: {exc}", flush=True)
-    report(results, workloads, skipped, second, kv_tokens, args.kv_gib, args.llama_cache_type)
+    return results
 
 
 def kv_budget_tokens(model: Path, kv_gib: int) -> int:
@@ -362,48 +384,6 @@ def second_opinion(model: Path, args: argparse.Namespace, work: Path, w: Workloa
     print(f"  pagedserve {w.name:28s} {result['output_tok_s']:8.1f} tok/s  (pagedserve bench)",
           flush=True)
     return {"workload": w.name, "pagedserve_bench": result}
-
-
-def _ratio(ours: dict | None, theirs: dict | None) -> float | None:
-    if ours is None or theirs is None or theirs["output_tok_s"] <= 0:
-        return None
-    return round(ours["output_tok_s"] / theirs["output_tok_s"], 3)
-
-
-def report(results: dict, workloads: list[Workload], skipped: dict, second: dict | None,
-           kv_tokens: int, kv_gib: int, cache_type: str) -> None:
-    print(f"\n{'workload':30s} {'pagedserve':>11s} {'vLLM CPU':>9s} {'llama.cpp':>10s} "
-          f"{'vs vLLM':>8s} {'vs llama':>9s}   (output tok/s, completed requests only)")
-    rows = {}
-    for w in workloads:
-        ours = results.get("pagedserve", {}).get(w.name)
-        vllm = results.get("vllm_cpu", {}).get(w.name)
-        llama = results.get("llama_cpp", {}).get(w.name)
-        row = {"input_len": w.input_len, "output_len": w.output_len,
-               "num_prompts": w.num_prompts, "max_concurrency": w.concurrency,
-               "pagedserve": ours, "vllm_cpu": vllm, "llama_cpp": llama,
-               "ratio_vs_vllm_cpu": _ratio(ours, vllm), "ratio_vs_llama_cpp": _ratio(ours, llama)}
-        rows[w.name] = row
-
-        def cell(r: dict | None, width: int) -> str:
-            return f"{r['output_tok_s']:{width}.1f}" if r else f"{'-':>{width}s}"
-
-        def ratio(x: float | None, width: int) -> str:
-            return f"{x:{width}.2f}" if x is not None else f"{'-':>{width}s}"
-
-        print(f"{w.name:30s} {cell(ours, 11)} {cell(vllm, 9)} {cell(llama, 10)} "
-              f"{ratio(row['ratio_vs_vllm_cpu'], 8)} {ratio(row['ratio_vs_llama_cpp'], 9)}")
-    summary = {
-        "benchmark": "vs_peers", "cores": os.cpu_count(), "load_average_end": load_average(),
-        "kv_budget_gib": kv_gib, "kv_budget_tokens": kv_tokens, "llama_cache_type": cache_type,
-        "startup_s": {k: round(v["startup_s"], 1) for k, v in results.items()},
-        "skipped": skipped, "second_opinion": second, "workloads": rows,
-    }
-    for peer in ("vllm_cpu", "llama_cpp"):
-        ratios = [r[f"ratio_vs_{peer}"] for r in rows.values()
-                  if r[f"ratio_vs_{peer}"] is not None]
-        summary[f"min_ratio_vs_{peer}"] = min(ratios) if ratios else None
-    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

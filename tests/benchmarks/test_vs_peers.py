@@ -38,7 +38,7 @@ def test_report_counts_completed_requests_and_takes_the_minimum(vs_peers, capsys
         "pagedserve": {"startup_s": 1.0, "a": {"output_tok_s": 30.0}, "b": {"output_tok_s": 40.0}},
         "vllm_cpu": {"startup_s": 2.0, "a": {"output_tok_s": 20.0}, "b": {"output_tok_s": 50.0}},
     }
-    vs_peers.report(results, [a, b], {"llama_cpp": "not installed"}, None, 100, 1, "f32")
+    vs_peers.report([results], [a, b], {"llama_cpp": "not installed"}, None, 100, 1, "f32")
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["llama_cache_type"] == "f32"
     assert last["workloads"]["a"]["ratio_vs_vllm_cpu"] == 1.5
@@ -51,11 +51,32 @@ def test_report_counts_completed_requests_and_takes_the_minimum(vs_peers, capsys
 def test_a_run_without_pagedserve_reports_no_ratios(vs_peers, capsys):
     a = vs_peers.Workload("a", 8, 8, 10, 4)
     results = {"llama_cpp": {"startup_s": 1.0, "a": {"output_tok_s": 20.0}}}
-    vs_peers.report(results, [a], {"pagedserve": "not in --servers"}, None, 100, 1, "f16")
+    vs_peers.report([results], [a], {"pagedserve": "not in --servers"}, None, 100, 1, "f16")
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["workloads"]["a"]["pagedserve"] is None
-    assert last["workloads"]["a"]["llama_cpp"] == {"output_tok_s": 20.0}
+    assert last["workloads"]["a"]["llama_cpp"] == {"output_tok_s": 20.0, "rounds_tok_s": [20.0]}
     assert last["min_ratio_vs_llama_cpp"] is None
+
+
+def test_rounds_report_each_servers_median_and_the_ratio_within_each_round(vs_peers, capsys):
+    a = vs_peers.Workload("a", 8, 8, 10, 4)
+
+    def round_of(ours: float, theirs: float) -> dict:
+        return {"pagedserve": {"startup_s": 1.0, "a": {"output_tok_s": ours}},
+                "vllm_cpu": {"startup_s": 2.0, "a": {"output_tok_s": theirs}}}
+
+    rounds = [round_of(30.0, 20.0), round_of(36.0, 30.0), round_of(33.0, 24.0)]
+    vs_peers.report(rounds, [a], {}, None, 100, 1, "f32")
+    last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    row = last["workloads"]["a"]
+    assert last["rounds"] == 3
+    assert row["pagedserve"] == {"output_tok_s": 33.0, "rounds_tok_s": [30.0, 36.0, 33.0]}
+    assert row["vllm_cpu"]["output_tok_s"] == 24.0
+    assert row["ratio_vs_vllm_cpu"] == 1.375  # 33 / 24, the medians
+    assert row["round_ratios_vs_vllm_cpu"] == [1.5, 1.2, 1.375]
+    vs_peers.report(rounds[:2], [a], {}, None, 100, 1, "f32")
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["workloads"]["a"]
+    assert row["pagedserve"]["output_tok_s"] == 30.0  # the lower middle of an even count
 
 
 def test_llama_cpp_keeps_its_kv_cache_in_the_given_type(vs_peers, tmp_path):
