@@ -7,7 +7,8 @@ When padding would more than double the work (one long prompt beside short ones)
 are first split into a few groups of similar size — at most one group per power of two of
 their length, never one call per sequence.
 SDPA's CPU and CUDA kernels accumulate the softmax in float32 for half types; the output has
-the query's dtype.
+the query's dtype. A cache in another dtype than the query (a float32 model over a bfloat16
+KV cache) is read in the query's.
 """
 
 from __future__ import annotations
@@ -83,10 +84,12 @@ def _gather_slots(
     return blocks * block_size + pos % block_size
 
 
-def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Cache rows at ``slots`` [S, L] → [S, L, Hkv, D]."""
+def _gather(cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows at ``slots`` [S, L] → [S, L, Hkv, D] in ``dtype`` (the query's: a cache may
+    be kept in a narrower type than the model computes in)."""
     flat = cache.view(-1, cache.shape[2], cache.shape[3])
-    return flat.index_select(0, slots.view(-1)).view(*slots.shape, *flat.shape[1:])
+    rows = flat.index_select(0, slots.view(-1)).view(*slots.shape, *flat.shape[1:])
+    return rows.to(dtype)
 
 
 def _attend(
@@ -155,7 +158,8 @@ def _decode_padded(
     block_size = key_cache.shape[1]
     max_len = max_seq_len(seq_lens, block_tables, block_size)
     slots = _gather_slots(block_tables, seq_lens, max_len, block_size)
-    key, value = _gather(key_cache, slots), _gather(value_cache, slots)
+    key, value = (_gather(key_cache, slots, query.dtype),
+                  _gather(value_cache, slots, query.dtype))
     positions = torch.arange(max_len, device=query.device)
     allowed = (positions[None, :] < seq_lens[:, None])[:, None, :]  # [S, 1, L]
     return _attend(query[:, None], key, value, allowed, scale)[:, 0]
@@ -205,7 +209,8 @@ def _prefill_padded(
     positions = torch.arange(max_len, device=query.device)
     allowed = positions[None, None, :] <= last_visible[:, :, None]  # [S, Q, L]
     slots = _gather_slots(block_tables, seq_lens, max_len, block_size)
-    key, value = _gather(key_cache, slots), _gather(value_cache, slots)
+    key, value = (_gather(key_cache, slots, query.dtype),
+                  _gather(value_cache, slots, query.dtype))
     result = _attend(query[rows], key, value, allowed, scale)  # [S, Q, H, D]
     real = step[None, :] < query_lens[:, None]
     out[rows[real]] = result[real]

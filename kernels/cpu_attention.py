@@ -27,7 +27,10 @@ import torch
 from pagedserve.kernels import attention, compiled_attention, cpu_parallel
 from pagedserve.kernels.native_build import load_library
 
-_FUNCTIONS = {torch.float32: "paged_decode_f32", torch.bfloat16: "paged_decode_bf16"}
+# (query dtype, cache dtype): a float32 model may keep a bfloat16 KV cache (half the bytes).
+_FUNCTIONS = {(torch.float32, torch.float32): "paged_decode_f32",
+              (torch.bfloat16, torch.bfloat16): "paged_decode_bf16",
+              (torch.float32, torch.bfloat16): "paged_decode_f32_bf16kv"}
 _ARGTYPES = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
              + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
 # Parts per thread, taken as threads come free (csrc/paged_decode.c). Four parts measured no
@@ -36,8 +39,8 @@ PARTS_PER_THREAD = 1
 
 
 @functools.cache
-def _kernel(dtype: torch.dtype):
-    function = getattr(load_library("paged_decode"), _FUNCTIONS[dtype])
+def _kernel(dtypes: tuple[torch.dtype, torch.dtype]):
+    function = getattr(load_library("paged_decode"), _FUNCTIONS[dtypes])
     function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
     return function
 
@@ -88,7 +91,8 @@ def paged_attention_decode(
     scale: float,
 ) -> torch.Tensor:
     """Same contract as :func:`pagedserve.kernels.attention.paged_attention_decode`."""
-    if query.dtype not in _FUNCTIONS or query.device.type != "cpu":
+    dtypes = (query.dtype, key_cache.dtype)
+    if dtypes not in _FUNCTIONS or query.device.type != "cpu":
         return compiled_attention.paged_attention_decode(query, key_cache, value_cache,
                                                          block_tables, seq_lens, scale)
     attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
@@ -104,7 +108,7 @@ def paged_attention_decode(
             layout.tables.data_ptr(), layout.lens.data_ptr(), out.data_ptr(), num_heads,
             num_kv_heads, head_dim, block_size, layout.tables.shape[1], scale)
     bounds = layout.bounds
-    if _kernel(query.dtype)(*args, bounds.data_ptr(), bounds.shape[0] - 1, threads):
+    if _kernel(dtypes)(*args, bounds.data_ptr(), bounds.shape[0] - 1, threads):
         raise MemoryError("paged decode attention could not allocate its score buffer")
     return out
 
@@ -131,11 +135,11 @@ def warm_up(
 ) -> float:
     """Builds the C kernel for this machine now (once; later processes load it), or compiles
     the inductor kernel for a dtype the C kernel does not take; returns the seconds spent."""
-    if dtype not in _FUNCTIONS:
+    if (dtype, dtype) not in _FUNCTIONS:
         return compiled_attention.warm_up(num_heads, num_kv_heads, head_dim, block_size, dtype)
     start = time.perf_counter()
     try:
-        _kernel(dtype)
+        _kernel((dtype, dtype))  # one library holds every dtype pair
     except Exception as exc:
         raise RuntimeError(
             f"building the CPU attention kernel failed ({exc}); run with --kernel-backend "

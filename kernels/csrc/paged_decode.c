@@ -8,7 +8,8 @@
  * The caller cuts the sequences into parts of about equal work, run on OpenMP threads.
  *
  * Layouts: query and out [S, H, D]; caches [N, B, Hkv, D]; tables int32 [S, W]; lens int32
- * [S]. float32 or bfloat16 (query, caches and out share the dtype; math in float32).
+ * [S]. float32 or bfloat16 throughout, or a float32 query and out over bfloat16 caches (a
+ * float32 model with a half-size KV cache); math in float32.
  * Returns 0, or 1 when the scratch memory could not be allocated.
  */
 #include <math.h>
@@ -65,25 +66,25 @@ static void softmax_rows(float *scores, int64_t rows, int64_t stride, int64_t le
     }
 }
 
-#define DEFINE_ITEM(NAME, T, LOAD, STORE)                                                     \
+#define DEFINE_ITEM(NAME, TQ, TC, LOADQ, LOADC, STORE)                                        \
 static inline __attribute__((always_inline)) void NAME(                                       \
-    const T *query, const T *key_cache, const T *value_cache, const int32_t *table,            \
-    int64_t len, T *out, int64_t H, int64_t G, const int64_t D, int64_t block_size,            \
+    const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *table,         \
+    int64_t len, TQ *out, int64_t H, int64_t G, const int64_t D, int64_t block_size,           \
     float scale, float *scores, int64_t score_stride, float *q, float *acc, const Visit *visit) \
 {                                                                                              \
-    const int64_t row_stride = H / G * D, row_bytes = row_stride * (int64_t)sizeof(T);         \
+    const int64_t row_stride = H / G * D, row_bytes = row_stride * (int64_t)sizeof(TC);        \
     const int64_t nb = visit->num_blocks;                                                      \
-    for (int64_t i = 0; i < H * D; i++) q[i] = LOAD(query, i) * scale;                         \
+    for (int64_t i = 0; i < H * D; i++) q[i] = LOADQ(query, i) * scale;                        \
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {                    \
         const int64_t n = len - start < block_size ? len - start : block_size;                 \
-        const T *k = key_cache + (int64_t)table[b] * block_size * row_stride;                  \
+        const TC *k = key_cache + (int64_t)table[b] * block_size * row_stride;                 \
         const char *ahead = block_at(visit, b + AHEAD);                                        \
         for (int64_t o = 0; o < n; o++, k += row_stride) {                                     \
             prefetch_row(ahead, o, row_bytes);                                                 \
             for (int64_t h = 0; h < H; h++) {                                                  \
-                const T *kh = k + h / G * D;                                                   \
+                const TC *kh = k + h / G * D;                                                  \
                 float dot = 0.0f;                                                              \
-                for (int64_t d = 0; d < D; d++) dot += q[h * D + d] * LOAD(kh, d);             \
+                for (int64_t d = 0; d < D; d++) dot += q[h * D + d] * LOADC(kh, d);            \
                 scores[h * score_stride + start + o] = dot;                                    \
             }                                                                                  \
         }                                                                                      \
@@ -92,14 +93,14 @@ static inline __attribute__((always_inline)) void NAME(                         
     memset(acc, 0, sizeof(float) * (size_t)(H * D));                                           \
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {                    \
         const int64_t n = len - start < block_size ? len - start : block_size;                 \
-        const T *v = value_cache + (int64_t)table[b] * block_size * row_stride;                \
+        const TC *v = value_cache + (int64_t)table[b] * block_size * row_stride;               \
         const char *ahead = block_at(visit, nb + b + AHEAD);                                   \
         for (int64_t o = 0; o < n; o++, v += row_stride) {                                     \
             prefetch_row(ahead, o, row_bytes);                                                 \
             for (int64_t h = 0; h < H; h++) {                                                  \
-                const T *vh = v + h / G * D;                                                   \
+                const TC *vh = v + h / G * D;                                                  \
                 const float w = scores[h * score_stride + start + o];                          \
-                for (int64_t d = 0; d < D; d++) acc[h * D + d] += w * LOAD(vh, d);             \
+                for (int64_t d = 0; d < D; d++) acc[h * D + d] += w * LOADC(vh, d);            \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -110,9 +111,9 @@ static inline __attribute__((always_inline)) void NAME(                         
     ITEM(query + head, key_cache, value_cache, table, lens[seq], out + head, num_heads, G,     \
          DIM, block_size, scale, scores, max_len, q, acc, &visit)
 
-#define DEFINE_RANGE(NAME, ITEM, T)                                                           \
-static int NAME(const T *query, const T *key_cache, const T *value_cache,                      \
-                const int32_t *tables, const int32_t *lens, T *out, int64_t num_heads,         \
+#define DEFINE_RANGE(NAME, ITEM, TQ, TC)                                                      \
+static int NAME(const TQ *query, const TC *key_cache, const TC *value_cache,                   \
+                const int32_t *tables, const int32_t *lens, TQ *out, int64_t num_heads,        \
                 int64_t num_kv_heads, int64_t head_dim, int64_t block_size,                    \
                 int64_t table_width, float scale, int64_t begin, int64_t end) {                \
     const int64_t G = num_heads / num_kv_heads, D = head_dim;                                  \
@@ -125,7 +126,7 @@ static int NAME(const T *query, const T *key_cache, const T *value_cache,       
     for (int64_t seq = begin; seq < end; seq++) {                                              \
         const int64_t head = seq * num_heads * D;                                              \
         const int32_t *table = tables + seq * table_width;                                     \
-        const int64_t block_bytes = block_size * num_kv_heads * D * (int64_t)sizeof(T);        \
+        const int64_t block_bytes = block_size * num_kv_heads * D * (int64_t)sizeof(TC);       \
         const Visit visit = {                                                                  \
             (const char *)key_cache, (const char *)value_cache, table,                         \
             seq + 1 < end ? table + table_width : NULL,                                        \
@@ -148,15 +149,16 @@ static int NAME(const T *query, const T *key_cache, const T *value_cache,       
     return 0;                                                                                  \
 }
 
-DEFINE_ITEM(item_f32, float, load_f32, store_f32)
-DEFINE_ITEM(item_bf16, bf16, load_bf16, store_bf16)
+DEFINE_ITEM(item_f32, float, float, load_f32, load_f32, store_f32)
+DEFINE_ITEM(item_bf16, bf16, bf16, load_bf16, load_bf16, store_bf16)
+DEFINE_ITEM(item_f32_bf16kv, float, bf16, load_f32, load_bf16, store_f32)
 /* The exported entry points: sequences [bounds[p], bounds[p + 1]) for each of `parts` parts,
  * handed out to `threads` threads of the OpenMP pool (torch's own, when torch is loaded: its
  * threads are the ones already running, so the kernel neither oversubscribes the cores nor
  * waits for threads that spin in torch's pool). Parts are taken as threads come free. */
-#define DEFINE_DECODE(NAME, RANGE, T)                                                         \
-int NAME(const T *query, const T *key_cache, const T *value_cache, const int32_t *tables,      \
-         const int32_t *lens, T *out, int64_t num_heads, int64_t num_kv_heads,                 \
+#define DEFINE_DECODE(NAME, RANGE, TQ, TC)                                                    \
+int NAME(const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *tables,   \
+         const int32_t *lens, TQ *out, int64_t num_heads, int64_t num_kv_heads,                \
          int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
          const int64_t *bounds, int64_t parts, int64_t threads) {                              \
     int failed = 0;                                                                            \
@@ -168,7 +170,9 @@ int NAME(const T *query, const T *key_cache, const T *value_cache, const int32_t
     return failed;                                                                             \
 }
 
-DEFINE_RANGE(range_f32, item_f32, float)
-DEFINE_RANGE(range_bf16, item_bf16, bf16)
-DEFINE_DECODE(paged_decode_f32, range_f32, float)
-DEFINE_DECODE(paged_decode_bf16, range_bf16, bf16)
+DEFINE_RANGE(range_f32, item_f32, float, float)
+DEFINE_RANGE(range_bf16, item_bf16, bf16, bf16)
+DEFINE_RANGE(range_f32_bf16kv, item_f32_bf16kv, float, bf16)
+DEFINE_DECODE(paged_decode_f32, range_f32, float, float)
+DEFINE_DECODE(paged_decode_bf16, range_bf16, bf16, bf16)
+DEFINE_DECODE(paged_decode_f32_bf16kv, range_f32_bf16kv, float, bf16)

@@ -31,7 +31,8 @@ def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str]) -> l
         f"model: {engine.args.model} ({engine.model_dir}), served as {', '.join(names)}",
         f"dtype: {dtype}, device: {engine.device}, kernels: {engine.model.kernel_ops.name}",
         f"KV cache: {kv.num_device_blocks:,} blocks of {block_size} tokens = {num_tokens:,} "
-        f"tokens, {num_bytes:,} bytes ({num_bytes / MiB:,.2f} MiB); CPU swap space: "
+        f"tokens of {str(kv.dtype).removeprefix('torch.')}, {num_bytes:,} bytes "
+        f"({num_bytes / MiB:,.2f} MiB); CPU swap space: "
         f"{kv.num_cpu_blocks:,} blocks",
         *_tensor_parallel_lines(engine),
         f"max_model_len: {engine.max_model_len:,}, max_num_seqs: {sched.max_num_seqs}, "

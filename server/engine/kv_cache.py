@@ -4,7 +4,10 @@ head_dim]`` on the device, plus a CPU swap space of the same layout.
 The block manager decides which block ids hold what; this class only owns the memory and runs
 the block ops (swap in, swap out, copy-on-write copies) through the model's ``KernelOps``.
 Pools are allocated uninitialised: the attention kernels never read a slot that was not
-written, and untouched CPU pages cost no memory.
+written (the device pool on the CPU is still touched once at start-up), and untouched swap
+pages cost no memory. The pools' element type is the model's, or a narrower one
+(``--kv-cache-dtype``): a float32 model over a bfloat16 cache holds twice the tokens in the
+same memory and reads half the bytes per decode step, at bfloat16's rounding of K and V.
 """
 
 from __future__ import annotations
@@ -17,12 +20,31 @@ import torch
 
 from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.engine.host_memory import advise_huge_pages
-from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.config import DTYPES, ModelConfig
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.config import CacheConfig
 
 BlockMapping = Sequence[tuple[int, int]]
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Backends whose attention reads a cache of another dtype than the query's.
+_MIXED_DTYPE_BACKENDS = ("cpu", "inductor", "torch")
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype,
+                           kernel_ops: KernelOps) -> torch.dtype:
+    """The KV cache's element type: the model's for ``auto``, else the one named."""
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                         f"{name!r}")
+    dtype = model_dtype if name == "auto" else DTYPES[name]
+    if dtype != model_dtype and kernel_ops.name not in _MIXED_DTYPE_BACKENDS:
+        raise ValueError(
+            f"kv_cache_dtype {name} differs from the model's "
+            f"{str(model_dtype).removeprefix('torch.')}, which the {kernel_ops.name} kernels "
+            f"do not read; use kv_cache_dtype 'auto' or a kernel backend among "
+            f"{', '.join(_MIXED_DTYPE_BACKENDS)}")
+    return dtype
 
 
 def check_max_model_len(max_model_len: int, num_blocks: int, block_size: int) -> None:

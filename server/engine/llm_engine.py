@@ -20,7 +20,7 @@ from pagedserve.server.engine.beam_search import BeamState
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
-from pagedserve.server.engine.kv_cache import KVCache
+from pagedserve.server.engine.kv_cache import KVCache, resolve_kv_cache_dtype
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.outputs import RequestOutput
@@ -79,7 +79,9 @@ class LLMEngine:
             self.cache_config = replace(self.cache_config, kv_cache_memory=memory)
         self.kv_cache = KVCache.create(
             shard_config(self.model_config, self.workers.size), self.cache_config,
-            self.max_model_len, self.model.dtype, self.device, self.model.kernel_ops,
+            self.max_model_len,
+            resolve_kv_cache_dtype(args.kv_cache_dtype, self.model.dtype, self.model.kernel_ops),
+            self.device, self.model.kernel_ops,
         )
         self.workers.finish_startup(self.kv_cache)
         self.scheduler = Scheduler(

@@ -20,7 +20,7 @@ import torch
 from pagedserve.server.engine.config import SchedulerConfig
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
-from pagedserve.server.engine.kv_cache import KVCache
+from pagedserve.server.engine.kv_cache import KVCache, resolve_kv_cache_dtype
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.parallel_rendezvous import (
     WORKER_WAIT,
@@ -135,6 +135,7 @@ def _build_runner(init: WorkerInit, rdzv: Rendezvous, group, device: torch.devic
                                      plan.block_size, plan.gpu_memory_utilization, baseline)
         rdzv.set(f"kv_memory/{rdzv.rank}", str(memory))
     blocks: KVBlocks = pickle.loads(rdzv.get("kv_blocks"))
+    kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, model.dtype, model.kernel_ops)
     kv_cache = KVCache(rank_config, args.block_size, blocks.num_device_blocks,
-                       blocks.num_cpu_blocks, model.dtype, device, model.kernel_ops)
+                       blocks.num_cpu_blocks, kv_dtype, device, model.kernel_ops)
     return ModelRunner(model, kv_cache, args.block_size, device)

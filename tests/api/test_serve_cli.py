@@ -172,7 +172,7 @@ async def test_startup_log(model_dir: Path) -> None:
     assert logged[:6] == [
         f"model: {model_dir} ({model_dir}), served as tiny-test",
         "dtype: float32, device: cpu, kernels: torch",
-        f"KV cache: 48 blocks of 16 tokens = 768 tokens, {num_bytes:,} bytes "
+        f"KV cache: 48 blocks of 16 tokens = 768 tokens of float32, {num_bytes:,} bytes "
         f"({num_bytes / 2**20:,.2f} MiB); CPU swap space: "
         f"{EngineArgs().cache_config().num_cpu_blocks(num_bytes // 48):,} blocks",
         "max_model_len: 512, max_num_seqs: 8, max_num_batched_tokens: 2,048",

@@ -45,6 +45,24 @@ def test_decode_matches_reference(block_size, dtype, num_heads, num_kv_heads, he
     assert_matches(out, REFERENCE.paged_attention_decode(*args).double(), dtype)
 
 
+@pytest.mark.parametrize("block_size", [8, 16])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(8, 2, 64), (6, 3, 40)])
+def test_a_float32_query_over_a_bfloat16_cache(block_size, num_heads, num_kv_heads, head_dim):
+    # A float32 model may keep its KV cache in bfloat16: the kernel reads the bfloat16 rows
+    # and computes in float32, so it matches float32 math over the same (rounded) values.
+    seq_lens = [1, block_size + 1, 3 * block_size + 2, 5]
+    kv = build_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, torch.bfloat16)
+    query = cpu_queries(len(seq_lens), num_heads, head_dim, torch.float32)
+    out = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache,
+                                               kv.block_tables, kv.seq_lens, SCALE)
+    assert out.dtype == torch.float32
+    assert_matches(out, naive_decode(query, kv, SCALE), torch.float32)
+    reference = REFERENCE.paged_attention_decode(query, kv.key_cache, kv.value_cache,
+                                                 kv.block_tables, kv.seq_lens, SCALE)
+    assert reference.dtype == torch.float32
+    assert_matches(out, reference.double(), torch.float32)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_ragged_batch_split_across_threads(threads):
     before = torch.get_num_threads()

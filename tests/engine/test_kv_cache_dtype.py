@@ -1,0 +1,84 @@
+"""--kv-cache-dtype: a float32 model over a bfloat16 KV cache holds twice the blocks in the
+same memory, the CPU kernels and the torch reference read it alike, and a pairing a backend
+cannot read is refused with the reason."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedserve.kernels import native_build
+from pagedserve.kernels.dispatch import TORCH_OPS
+from pagedserve.server import LLM, SamplingParams
+from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.kv_cache import resolve_kv_cache_dtype
+from tests.checkpoints import make_checkpoint
+
+VOCAB = 256
+KV_MEMORY = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # head_dim 64, GQA: the shapes the C decode kernel specialises.
+    return make_checkpoint(tmp_path_factory.mktemp("kv-dtype-llama"), "llama", vocab_size=VOCAB,
+                           hidden_size=128, num_attention_heads=2, num_key_value_heads=1,
+                           num_hidden_layers=2, max_position_embeddings=256)
+
+
+def _llm(model_dir: Path, backend: str, kv_cache_dtype: str) -> LLM:
+    return LLM(str(model_dir), dtype="float32", kernel_backend=backend, skip_tokenizer_init=True,
+               kv_cache_memory=KV_MEMORY, kv_cache_dtype=kv_cache_dtype, max_model_len=256)
+
+
+def test_a_bfloat16_cache_under_a_float32_model_holds_twice_the_blocks(model_dir):
+    full, half = _llm(model_dir, "torch", "auto"), _llm(model_dir, "torch", "bfloat16")
+    assert full.engine.kv_cache.key_caches[0].dtype == torch.float32
+    assert half.engine.kv_cache.key_caches[0].dtype == torch.bfloat16
+    assert half.engine.kv_cache.value_caches[0].dtype == torch.bfloat16
+    assert half.engine.kv_cache.num_device_blocks == 2 * full.engine.kv_cache.num_device_blocks
+    assert half.engine.model.dtype == torch.float32
+
+
+@pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
+def test_the_c_kernels_and_the_reference_read_a_bfloat16_cache_alike(model_dir):
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (3, 21, 40)]
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
+    outputs = {}
+    for backend in ("torch", "cpu"):
+        llm = _llm(model_dir, backend, "bfloat16")
+        assert llm.engine.model.kernel_ops.name == backend
+        outputs[backend] = [r.outputs[0] for r in llm.generate(requests, params)]
+    for ours, reference in zip(outputs["cpu"], outputs["torch"], strict=True):
+        assert ours.token_ids == reference.token_ids
+        for mine, theirs, token in zip(ours.logprobs, reference.logprobs, ours.token_ids,
+                                       strict=True):
+            # The backends differ in their GEMMs and norms too, by float32 rounding.
+            assert mine[token].logprob == pytest.approx(theirs[token].logprob, abs=1e-3)
+
+
+def test_unknown_and_unreadable_cache_dtypes_are_refused():
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, TORCH_OPS) == torch.bfloat16
+    assert resolve_kv_cache_dtype("bfloat16", torch.float32, TORCH_OPS) == torch.bfloat16
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32, "
+                                         "bfloat16, float16, got 'fp8'"):
+        resolve_kv_cache_dtype("fp8", torch.float32, TORCH_OPS)
+    triton = replace(TORCH_OPS, name="triton")
+    assert resolve_kv_cache_dtype("float16", torch.float16, triton) == torch.float16
+    with pytest.raises(ValueError, match="kv_cache_dtype bfloat16 differs from the model's "
+                                         "float32, which the triton kernels do not read"):
+        resolve_kv_cache_dtype("bfloat16", torch.float32, triton)
+
+
+def test_the_flag_is_an_engine_argument():
+    parser = __import__("argparse").ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    args = EngineArgs.from_cli_args(parser.parse_args(["--kv-cache-dtype", "bfloat16"]))
+    assert args.kv_cache_dtype == "bfloat16"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-dtype", "fp8"])
