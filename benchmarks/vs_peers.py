@@ -128,16 +128,21 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def pagedserve_server(model: Path, port: int, kv_gib: float, logs: Path) -> Server:
+def pagedserve_server(model: Path, port: int, kv_gib: float, logs: Path,
+                      kv_dtype: str = "float32") -> Server:
     command = [PAGEDSERVE, "serve", "--model", str(model),
                "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
-               "--kv-cache-memory", str(int(kv_gib * BYTES_PER_GIB)), "--max-num-seqs", "256"]
+               "--kv-cache-memory", str(int(kv_gib * BYTES_PER_GIB)), "--max-num-seqs", "256",
+               "--kv-cache-dtype", kv_dtype]
     return Server("pagedserve", command, {}, logs / "pagedserve.log")
 
 
-def vllm_server(vllm: Path, model: Path, port: int, kv_gib: float, logs: Path) -> Server:
+def vllm_server(vllm: Path, model: Path, port: int, kv_gib: float, logs: Path,
+                kv_dtype: str = "float32") -> Server:
     command = [str(vllm), "serve", str(model), "--dtype", "float32", "--host", "127.0.0.1",
                "--port", str(port), "--max-num-seqs", "256"]
+    if kv_dtype != "float32":  # vLLM's "auto" is the model's float32
+        command += ["--kv-cache-dtype", kv_dtype]
     env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(int(kv_gib))}
     return Server("vllm_cpu", command, env, logs / "vllm.log")
 
@@ -271,6 +276,9 @@ def main() -> None:
                         help="comma-separated servers to run (vLLM's client is used whenever "
                              "--vllm is given, even when its server is not run)")
     parser.add_argument("--startup-timeout", type=float, default=900.0)
+    parser.add_argument("--kv-cache-dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="pagedserve's and vLLM's KV cache type (with bfloat16, pass "
+                             "--llama-cache-type bf16 for a like llama.cpp)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every server this many times in turn and report each "
                              "one's median (a noisy machine drifts between servers)")
@@ -281,7 +289,7 @@ def main() -> None:
     model = Path(args.model).resolve() if args.model else build_peer_model(work / "model")
     workloads = [w for w in WORKLOADS if not args.only or w.name in args.only.split(",")]
     workloads = quick(workloads) if args.quick else workloads
-    kv_tokens = kv_budget_tokens(model, args.kv_gib)
+    kv_tokens = kv_budget_tokens(model, args.kv_gib, args.kv_cache_dtype)
     vllm, vllm_skip = find_tool(args.vllm, "vllm")
     llama, llama_skip = find_tool(args.llama_server, "llama-server")
     print(f"{os.cpu_count()} cores, load average {load_average()}, model {model}, KV budget "
@@ -311,7 +319,7 @@ def main() -> None:
         if number == 1 and "pagedserve" in chosen and vllm is not None:
             second = second_opinion(model, args, work, workloads[0])
     report(rounds, workloads, skipped, second, kv_tokens, args.kv_gib,
-           args.llama_cache_type)
+           args.llama_cache_type, args.kv_cache_dtype)
 
 
 def run_round(args: argparse.Namespace, model: Path, workloads: list[Workload], kv_tokens: int,
@@ -323,14 +331,16 @@ def run_round(args: argparse.Namespace, model: Path, workloads: list[Workload], 
     base = f"http://127.0.0.1:{port}"
     if "pagedserve" in chosen:
         results["pagedserve"] = run_shared_server(
-            pagedserve_server(model, port, args.kv_gib, work), base, workloads,
+            pagedserve_server(model, port, args.kv_gib, work, args.kv_cache_dtype), base,
+            workloads,
             client(base, "pagedserve"), args.startup_timeout)
     if vllm is not None and "vllm_cpu" in chosen:
         port = free_port()
         base = f"http://127.0.0.1:{port}"
         try:
             results["vllm_cpu"] = run_shared_server(
-                vllm_server(vllm, model, port, args.kv_gib, work), base, workloads,
+                vllm_server(vllm, model, port, args.kv_gib, work, args.kv_cache_dtype), base,
+                workloads,
                 client(base, "vllm"), args.startup_timeout)
         except RuntimeError as exc:
             skipped["vllm_cpu"] = f"failed: {exc}"
@@ -345,10 +355,11 @@ def run_round(args: argparse.Namespace, model: Path, workloads: list[Workload], 
     return results
 
 
-def kv_budget_tokens(model: Path, kv_gib: int) -> int:
+def kv_budget_tokens(model: Path, kv_gib: int, kv_dtype: str = "float32") -> int:
     config = json.loads((model / "config.json").read_text())
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    width = 4 if kv_dtype == "float32" else 2
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * width
     return kv_gib * BYTES_PER_GIB // per_token
 
 
@@ -375,7 +386,7 @@ def second_opinion(model: Path, args: argparse.Namespace, work: Path, w: Workloa
     """pagedserve's own client against pagedserve on the first workload."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = pagedserve_server(model, port, args.kv_gib, work).start()
+    proc = pagedserve_server(model, port, args.kv_gib, work, args.kv_cache_dtype).start()
     try:
         wait_ready(base, proc, args.startup_timeout)
         result = pagedserve_bench(base, model, w, work / f"second-{w.name}.json")

@@ -58,7 +58,7 @@ def _ratio_cell(ratio: float | None, width: int) -> str:
 
 
 def report(rounds: list[dict[str, dict]], workloads: list, skipped: dict, second: dict | None,
-           kv_tokens: int, kv_gib: int, cache_type: str) -> None:
+           kv_tokens: int, kv_gib: int, cache_type: str, kv_dtype: str = "float32") -> None:
     label = f"median of {len(rounds)} rounds, " if len(rounds) > 1 else ""
     print(f"\n{'workload':30s} {'pagedserve':>11s} {'vLLM CPU':>9s} {'llama.cpp':>10s} "
           f"{'vs vLLM':>8s} {'vs llama':>9s}   ({label}output tok/s, completed requests "
@@ -87,7 +87,8 @@ def report(rounds: list[dict[str, dict]], workloads: list, skipped: dict, second
     summary = {
         "benchmark": "vs_peers", "cores": os.cpu_count(),
         "load_average_end": [round(x, 2) for x in os.getloadavg()], "rounds": len(rounds),
-        "kv_budget_gib": kv_gib, "kv_budget_tokens": kv_tokens, "llama_cache_type": cache_type,
+        "kv_budget_gib": kv_gib, "kv_budget_tokens": kv_tokens, "kv_cache_dtype": kv_dtype,
+        "llama_cache_type": cache_type,
         "startup_s": startup, "skipped": skipped, "second_opinion": second, "workloads": rows,
     }
     for peer in ("vllm_cpu", "llama_cpp"):
