@@ -11,8 +11,9 @@ slower still.
 Sequences are cut into parts of about equal context, one per torch intra-op thread, and the
 parts run on torch's OpenMP threads (``cpu_parallel.py``); ctypes releases the GIL for the
 call. The int32 tables and lengths and the cuts are derived once per step and reused by every
-layer while the tables and lengths they came from are unchanged. float32 and bfloat16 run here; other dtypes take the compiled kernel. Prefill rows keep
-the reference path; decode rows of a mixed step come here.
+layer while the tables and lengths they came from are unchanged. float32 and bfloat16 run
+here, and a float32 query over a bfloat16 cache; other dtypes take the compiled kernel.
+Prefill rows keep the reference path; decode rows of a mixed step come here.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +45,9 @@ class EngineArgs:
         if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got "
                              f"{self.tensor_parallel_size!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                             f"{self.kv_cache_dtype!r}")
         if not self.distributed_timeout > 0:
             raise ValueError(f"distributed_timeout must be positive (seconds), got "
                              f"{self.distributed_timeout!r}")
@@ -83,7 +86,7 @@ class EngineArgs:
                        help="a local Hugging Face-format directory, or 'tiny' (the embedded "
                             "random-weight model)")
         g.add_argument("--dtype", default="auto",
-                       choices=["auto", "float32", "bfloat16", "float16"],
+                       choices=list(KV_CACHE_DTYPES),
                        help="weight and activation dtype; auto: the checkpoint's torch_dtype "
                             "on CUDA; on CPU bfloat16 where the CPU has native bfloat16 "
                             "instructions (amx_bf16, avx512_bf16), else float32")
@@ -107,7 +110,7 @@ class EngineArgs:
                        help="load no tokenizer: prompts must be token ids, no text output")
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
         g.add_argument("--kv-cache-dtype", default="auto",
-                       choices=["auto", "float32", "bfloat16", "float16"],
+                       choices=list(KV_CACHE_DTYPES),
                        help="element type of the KV cache; auto: the model's dtype. bfloat16 "
                             "under a float32 model holds twice the tokens and reads half the "
                             "bytes per decode step (CPU kernel backends and torch)")

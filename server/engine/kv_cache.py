@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pagedserve.kernels.dispatch import KernelOps
+from pagedserve.server.engine.config import KV_CACHE_DTYPES
 from pagedserve.server.engine.host_memory import advise_huge_pages
 from pagedserve.server.models.config import DTYPES, ModelConfig
 
@@ -26,7 +27,6 @@ if TYPE_CHECKING:
     from pagedserve.server.engine.config import CacheConfig
 
 BlockMapping = Sequence[tuple[int, int]]
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Backends whose attention reads a cache of another dtype than the query's.
 _MIXED_DTYPE_BACKENDS = ("cpu", "inductor", "torch")
 

@@ -82,3 +82,6 @@ def test_the_flag_is_an_engine_argument():
     assert args.kv_cache_dtype == "bfloat16"
     with pytest.raises(SystemExit):
         parser.parse_args(["--kv-cache-dtype", "fp8"])
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32, "
+                                         "bfloat16, float16, got 'fp8'"):
+        EngineArgs(kv_cache_dtype="fp8")
