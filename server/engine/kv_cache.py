@@ -4,8 +4,7 @@ head_dim]`` on the device, plus a CPU swap space of the same layout.
 The block manager decides which block ids hold what; this class only owns the memory and runs
 the block ops (swap in, swap out, copy-on-write copies) through the model's ``KernelOps``.
 Pools are allocated uninitialised: the attention kernels never read a slot that was not
-written (the device pool on the CPU is still touched once at start-up), and untouched swap
-pages cost no memory. The pools' element type is the model's, or a narrower one
+written, and untouched pages cost no memory (the first write to a CPU page pays its fault). The pools' element type is the model's, or a narrower one
 (``--kv-cache-dtype``): a float32 model over a bfloat16 cache holds twice the tokens in the
 same memory and reads half the bytes per decode step, at bfloat16's rounding of K and V.
 """
@@ -93,10 +92,6 @@ class KVCache:
         pool = torch.empty((num_blocks, *shape), dtype=self.dtype, device=device, pin_memory=pin)
         if device.type == "cpu" and not pin and device == self.device:
             advise_huge_pages(pool)  # the pool attention reads every step (host_memory.py)
-            # Touched now, not by the first writes of each block: serving then pays no page
-            # faults (the kernel zeroes each page on first touch), and the memory is the
-            # process's from the start rather than taken from the system mid-run.
-            pool.zero_()
         return pool
 
     @classmethod
