@@ -4,9 +4,10 @@ head_dim]`` on the device, plus a CPU swap space of the same layout.
 The block manager decides which block ids hold what; this class only owns the memory and runs
 the block ops (swap in, swap out, copy-on-write copies) through the model's ``KernelOps``.
 Pools are allocated uninitialised: the attention kernels never read a slot that was not
-written, and untouched pages cost no memory (the first write to a CPU page pays its fault). The pools' element type is the model's, or a narrower one
-(``--kv-cache-dtype``): a float32 model over a bfloat16 cache holds twice the tokens in the
-same memory and reads half the bytes per decode step, at bfloat16's rounding of K and V.
+written, and untouched pages cost no memory (the first write to a CPU page pays its fault).
+The pools' element type is the model's, or a narrower one (``--kv-cache-dtype``): a float32
+model over a bfloat16 cache holds twice the tokens in the same memory and reads half the bytes
+per decode step, at bfloat16's rounding of K and V.
 """
 
 from __future__ import annotations
