@@ -278,7 +278,7 @@ def main() -> None:
     parser.add_argument("--startup-timeout", type=float, default=900.0)
     parser.add_argument("--kv-cache-dtype", default="float32", choices=["float32", "bfloat16"],
                         help="pagedserve's and vLLM's KV cache type (with bfloat16, pass "
-                             "--llama-cache-type bf16 for a like llama.cpp)")
+                             "--llama-cache-type bf16 to match it in llama.cpp)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run every server this many times in turn and report each "
                              "one's median (a noisy machine drifts between servers)")
