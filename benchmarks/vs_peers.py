@@ -39,7 +39,7 @@ from pathlib import Path
 
 # Run as a script: its own folder is on sys.path.
 from peer_model import build_peer_model
-from vs_peers_report import report
+from vs_peers_report import SERVERS, report
 
 BYTES_PER_GIB = 1 << 30
 # The console script installed beside this interpreter.
@@ -58,8 +58,6 @@ class Workload:
     def tokens_per_request(self) -> int:
         return self.input_len + self.output_len
 
-
-SERVERS = ("pagedserve", "vllm_cpu", "llama_cpp")
 
 # One batch of prompts per concurrency level (a few minutes per server on 2 cores).
 WORKLOADS = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-SERVER_NAMES = ("pagedserve", "vllm_cpu", "llama_cpp")
+SERVERS = ("pagedserve", "vllm_cpu", "llama_cpp")
 
 
 def median_result(runs: list[dict]) -> dict:
@@ -26,7 +26,7 @@ def median_result(runs: list[dict]) -> dict:
 def merge_rounds(rounds: list[dict[str, dict]], workload: str) -> dict[str, dict | None]:
     """{server: its median result on ``workload``, or None where no round has one}."""
     merged: dict[str, dict | None] = {}
-    for server in SERVER_NAMES:
+    for server in SERVERS:
         runs = [r[server][workload] for r in rounds if workload in r.get(server, {})]
         merged[server] = median_result(runs) if runs else None
     return merged

@@ -54,6 +54,9 @@ class KernelOps:
     # (probs [N, V], seed) -> token ids [N]: a random draw by the exponential race in one pass,
     # for a backend that has one; the sampler draws torch noise otherwise.
     exponential_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    # Whether attention reads a KV cache kept in another dtype than the query's
+    # (--kv-cache-dtype bfloat16 under a float32 model).
+    reads_other_cache_dtypes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +76,7 @@ TORCH_OPS = KernelOps(
     paged_attention_prefill=attention.paged_attention_prefill,
     copy_blocks=cache_ops.copy_blocks,
     swap_blocks=cache_ops.swap_blocks,
+    reads_other_cache_dtypes=True,
 )
 
 
@@ -113,6 +117,7 @@ def _inductor_ops() -> KernelOps:
         warm_up=compiled_attention.warm_up,
         linear_packing=LinearPacking(cpu_linear.supports, cpu_linear.pack_weight,
                                      cpu_linear.linear),
+        reads_other_cache_dtypes=True,
     )
 
 

@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from pagedserve.server.engine.config import CacheConfig
 
 BlockMapping = Sequence[tuple[int, int]]
-# Backends whose attention reads a cache of another dtype than the query's.
-_MIXED_DTYPE_BACKENDS = ("cpu", "inductor", "torch")
 
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype,
@@ -38,12 +36,12 @@ def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype,
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                          f"{name!r}")
     dtype = model_dtype if name == "auto" else DTYPES[name]
-    if dtype != model_dtype and kernel_ops.name not in _MIXED_DTYPE_BACKENDS:
+    if dtype != model_dtype and not kernel_ops.reads_other_cache_dtypes:
         raise ValueError(
             f"kv_cache_dtype {name} differs from the model's "
             f"{str(model_dtype).removeprefix('torch.')}, which the {kernel_ops.name} kernels "
-            f"do not read; use kv_cache_dtype 'auto' or a kernel backend among "
-            f"{', '.join(_MIXED_DTYPE_BACKENDS)}")
+            f"do not read; use kv_cache_dtype 'auto' or a kernel backend among cpu, inductor, "
+            f"torch")
     return dtype
 
 

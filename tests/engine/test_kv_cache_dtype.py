@@ -68,7 +68,7 @@ def test_unknown_and_unreadable_cache_dtypes_are_refused():
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32, "
                                          "bfloat16, float16, got 'fp8'"):
         resolve_kv_cache_dtype("fp8", torch.float32, TORCH_OPS)
-    triton = replace(TORCH_OPS, name="triton")
+    triton = replace(TORCH_OPS, name="triton", reads_other_cache_dtypes=False)
     assert resolve_kv_cache_dtype("float16", torch.float16, triton) == torch.float16
     with pytest.raises(ValueError, match="kv_cache_dtype bfloat16 differs from the model's "
                                          "float32, which the triton kernels do not read"):
