@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -106,8 +105,7 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
     from pagedserve.server.engine.async_engine import AsyncEngine
 
     engine_args = app[CONFIG_KEY].engine_args
-    engine = await asyncio.to_thread(AsyncEngine.from_engine_args, engine_args)
-    await engine.start()
+    engine = await AsyncEngine.launch(engine_args)  # built in the thread that steps it
     track_steps(app, engine)
     app[ENGINE_KEY] = engine
     app[STARTED_KEY] = int(time.time())
