@@ -5,6 +5,10 @@ The CPU default (``auto``) compiles each model's decode attention with inductor,
 head layout, and the suite loads dozens of differently shaped models. The paths that must run
 the default, compiled path opt back in: tests/e2e (parity with transformers) and
 tests/kernels/test_compiled_attention.py (which calls the kernels directly).
+
+The CPU KV cache is not prefaulted either ($PAGEDSERVE_KV_CACHE_PREFAULT=0): a test process
+holds many engines of 1 GiB default caches at once, and writing each whole would commit all
+of that memory. tests/engine/test_kv_cache_prefault.py and the start-up log test turn it on.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from pagedserve.kernels.dispatch import BACKEND_ENV
+from pagedserve.server.engine.engine_args import PREFAULT_ENV
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -24,4 +29,14 @@ def reference_kernels_by_default() -> Iterator[None]:
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(BACKEND_ENV, "torch")
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lazy_kv_caches() -> Iterator[None]:
+    if PREFAULT_ENV in os.environ:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(PREFAULT_ENV, "0")
         yield

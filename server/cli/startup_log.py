@@ -34,6 +34,7 @@ def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str]) -> l
         f"tokens of {str(kv.dtype).removeprefix('torch.')}, {num_bytes:,} bytes "
         f"({num_bytes / MiB:,.2f} MiB); CPU swap space: "
         f"{kv.num_cpu_blocks:,} blocks",
+        *_prefault_lines(kv.prefault_seconds),
         *_tensor_parallel_lines(engine),
         f"max_model_len: {engine.max_model_len:,}, max_num_seqs: {sched.max_num_seqs}, "
         f"max_num_batched_tokens: {sched.max_num_batched_tokens:,}",
@@ -41,6 +42,12 @@ def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str]) -> l
         f"{max_concurrency(kv.num_device_blocks, block_size, engine.max_model_len):.2f}x",
         *(f"listening on {url}" for url in urls),
     ]
+
+
+def _prefault_lines(seconds: float | None) -> list[str]:
+    if seconds is None:
+        return []
+    return [f"KV cache prefaulted: written once at start-up, in {seconds:.2f} s"]
 
 
 def _tensor_parallel_lines(engine: LLMEngine) -> list[str]:

@@ -38,6 +38,7 @@ class CacheConfig:
     knows once the model is built: it then calls :meth:`resolve_num_blocks` and
     :meth:`num_cpu_blocks`. ``watermark`` is the fraction of device blocks kept free when
     admitting new requests, so that running ones can grow without being preempted at once.
+    ``prefault`` writes the whole device pool once at start-up on the CPU (see ``KVCache``).
     """
 
     block_size: int = 16
@@ -47,6 +48,7 @@ class CacheConfig:
     enable_prefix_caching: bool = False
     kv_allocation: KVAllocationName = "paged"
     watermark: float = 0.01
+    prefault: bool = False
 
     def __post_init__(self) -> None:
         _require(

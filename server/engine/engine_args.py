@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,10 @@ from pagedserve.server.engine.config import KV_CACHE_DTYPES, CacheConfig, Schedu
 
 if TYPE_CHECKING:
     import torch
+
+# Read when kv_cache_prefault is None: "1" writes the CPU KV cache at start-up (the default),
+# "0" leaves its pages to be faulted in by the first writes.
+PREFAULT_ENV = "PAGEDSERVE_KV_CACHE_PREFAULT"
 
 
 @dataclass(slots=True)
@@ -26,6 +31,7 @@ class EngineArgs:
     kv_cache_dtype: str = "auto"
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
+    kv_cache_prefault: bool | None = None
     gpu_memory_utilization: float = 0.9
     swap_space: float = 4.0
     enable_prefix_caching: bool = False
@@ -60,6 +66,7 @@ class EngineArgs:
             swap_space=self.swap_space,
             enable_prefix_caching=self.enable_prefix_caching,
             kv_allocation=self.kv_allocation,
+            prefault=resolve_kv_cache_prefault(self.kv_cache_prefault),
         )
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
@@ -120,6 +127,12 @@ class EngineArgs:
         size.add_argument("--kv-cache-memory", type=int, default=None,
                           help="bytes of device memory for the KV cache; overrides "
                                "--gpu-memory-utilization (None on CPU: 1 GiB)")
+        g.add_argument("--kv-cache-prefault", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="CPU only: write the whole KV cache once at start-up (about half a "
+                            "second per GiB), so that the memory is the server's from the "
+                            "start and serving pays no page faults; None: "
+                            f"${PREFAULT_ENV}, else on")
         g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                        help="CUDA only: the fraction of the GPU's total memory this instance "
                             "may use; the KV cache gets what weights and peak activations "
@@ -169,3 +182,13 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} was asked for, but CUDA is not available")
     return device
+
+
+def resolve_kv_cache_prefault(value: bool | None) -> bool:
+    """``value``, or for None ``$PAGEDSERVE_KV_CACHE_PREFAULT`` ("1" or "0"; unset: on)."""
+    if value is not None:
+        return value
+    setting = os.environ.get(PREFAULT_ENV, "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"{PREFAULT_ENV} must be 0 or 1, got {setting!r}")
+    return setting == "1"

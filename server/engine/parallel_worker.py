@@ -137,5 +137,6 @@ def _build_runner(init: WorkerInit, rdzv: Rendezvous, group, device: torch.devic
     blocks: KVBlocks = pickle.loads(rdzv.get("kv_blocks"))
     kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, model.dtype, model.kernel_ops)
     kv_cache = KVCache(rank_config, args.block_size, blocks.num_device_blocks,
-                       blocks.num_cpu_blocks, kv_dtype, device, model.kernel_ops)
+                       blocks.num_cpu_blocks, kv_dtype, device, model.kernel_ops,
+                       prefault=args.cache_config().prefault)
     return ModelRunner(model, kv_cache, args.block_size, device)

@@ -17,7 +17,7 @@ import torch
 from pagedserve.server.api import ServerConfig
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.cli import generate, main, serve
-from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
+from pagedserve.server.engine.engine_args import PREFAULT_ENV, EngineArgs, resolve_device
 from pagedserve.server.models.config import ModelConfig
 
 
@@ -156,7 +156,8 @@ async def test_startup_log(model_dir: Path) -> None:
         "--host", "127.0.0.1", "--port", "0", "--served-model-name", "tiny-test",
         "--num-kv-blocks", "48", "--max-num-seqs", "8", "--max-model-len", "512",
         "--dtype", "float32", "--disable-access-log", stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1", PREFAULT_ENV: "1"},  # the default
     )
     try:
         line = (await asyncio.wait_for(process.stdout.readline(), 120)).decode()
@@ -169,6 +170,9 @@ async def test_startup_log(model_dir: Path) -> None:
     logged = [entry.split("pagedserve.serve: ", 1)[1] for entry in err.decode().splitlines()
               if "INFO pagedserve.serve: " in entry]
     num_bytes = 48 * ModelConfig.from_pretrained(model_dir).bytes_per_block(16, torch.float32)
+    prefaulted = re.fullmatch(r"KV cache prefaulted: written once at start-up, in "
+                              r"(\d+\.\d\d) s", logged.pop(3))
+    assert prefaulted is not None, logged
     assert logged[:6] == [
         f"model: {model_dir} ({model_dir}), served as tiny-test",
         "dtype: float32, device: cpu, kernels: torch",
