@@ -22,21 +22,21 @@ from pagedserve.kernels.dispatch import BACKEND_ENV
 from pagedserve.server.engine.engine_args import PREFAULT_ENV
 
 
-@pytest.fixture(scope="session", autouse=True)
-def reference_kernels_by_default() -> Iterator[None]:
-    if BACKEND_ENV in os.environ:
+def _unless_set(name: str, value: str) -> Iterator[None]:
+    """Sets ``$name`` to ``value`` for the session unless the caller set it."""
+    if name in os.environ:
         yield
         return
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(BACKEND_ENV, "torch")
+        patch.setenv(name, value)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reference_kernels_by_default() -> Iterator[None]:
+    yield from _unless_set(BACKEND_ENV, "torch")
 
 
 @pytest.fixture(scope="session", autouse=True)
 def lazy_kv_caches() -> Iterator[None]:
-    if PREFAULT_ENV in os.environ:
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(PREFAULT_ENV, "0")
-        yield
+    yield from _unless_set(PREFAULT_ENV, "0")
