@@ -107,10 +107,6 @@ class AsyncEngine:
         self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
 
     @classmethod
-    def from_engine_args(cls, args: EngineArgs) -> AsyncEngine:
-        return cls(LLMEngine(args))
-
-    @classmethod
     async def launch(cls, args: EngineArgs) -> AsyncEngine:
         """Builds the engine in a new thread and runs its step loop in that same thread;
         returns once it is built (raising what the build raised).
@@ -307,8 +303,6 @@ class AsyncEngine:
 
 
 def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
-    if future.done():
-        return
     if error is not None:
         future.set_exception(error)
     else:

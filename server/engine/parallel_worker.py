@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.engine_args import EngineArgs, resolve_kv_cache_prefault
 from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache, resolve_kv_cache_dtype
 from pagedserve.server.engine.model_runner import ModelRunner
@@ -138,5 +138,5 @@ def _build_runner(init: WorkerInit, rdzv: Rendezvous, group, device: torch.devic
     kv_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, model.dtype, model.kernel_ops)
     kv_cache = KVCache(rank_config, args.block_size, blocks.num_device_blocks,
                        blocks.num_cpu_blocks, kv_dtype, device, model.kernel_ops,
-                       prefault=args.cache_config().prefault)
+                       prefault=resolve_kv_cache_prefault(args.kv_cache_prefault))
     return ModelRunner(model, kv_cache, args.block_size, device)
