@@ -313,7 +313,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="a quarter of the requests, three budgets")
     parser.add_argument("--shapes", default=",".join(SHAPES))
-    parser.add_argument("--budgets", default="4096,8192,16384,65536")
+    parser.add_argument("--budgets", default="4096,8192,16384,32768,65536")
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--num-kv-blocks", type=int, default=1536,

@@ -54,6 +54,8 @@ class KernelOps:
     # (probs [N, V], seed) -> token ids [N]: a random draw by the exponential race in one pass,
     # for a backend that has one; the sampler draws torch noise otherwise.
     exponential_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None
+    # logits [N, V] -> token ids [N]: the greedy rows' argmax, for a backend that has one.
+    argmax: Callable[[torch.Tensor], torch.Tensor] | None = None
     # Whether attention reads a KV cache kept in another dtype than the query's
     # (--kv-cache-dtype bfloat16 under a float32 model).
     reads_other_cache_dtypes: bool = False
@@ -130,7 +132,8 @@ def _cpu_ops() -> KernelOps:
                    warm_up=_cpu_warm_up,
                    rms_norm=cpu_layer_ops.rms_norm, silu_and_mul=cpu_layer_ops.silu_and_mul,
                    rotary_=cpu_layer_ops.rotary_,
-                   exponential_race=cpu_sampling.exponential_race)
+                   exponential_race=cpu_sampling.exponential_race,
+                   argmax=cpu_sampling.argmax)
 
 
 def _cpu_warm_up(

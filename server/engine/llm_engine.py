@@ -93,7 +93,8 @@ class LLMEngine:
             self.model, self.kv_cache, self.cache_config.block_size, self.device))
         # One sampler, seeded from --seed, so unseeded requests repeat on a fresh engine.
         self.sampler = TokenSampler(
-            Sampler(seed=args.seed, cpu_race=self.model.kernel_ops.exponential_race),
+            Sampler(seed=args.seed, cpu_race=self.model.kernel_ops.exponential_race,
+                    cpu_argmax=self.model.kernel_ops.argmax),
             self.model_config.vocab_size)
         self.outputs = OutputProcessor(self.tokenizer)
         self.compile_seconds = warm_up_attention(self.model, self.cache_config.block_size,

@@ -48,14 +48,17 @@ class Sampler:
     ``seed`` seeds the generator that unseeded rows share; ``None`` seeds it from the OS.
     ``cpu_race`` (the kernel backend's ``exponential_race``, when it has one) draws the
     unseeded rows of a CPU batch in one pass, from one word of that generator per step;
-    seeded rows keep their own generators either way.
+    seeded rows keep their own generators either way. ``cpu_argmax`` (the backend's
+    ``argmax``, when it has one) picks the greedy rows' tokens of a CPU batch.
     """
 
     def __init__(self, seed: int | None = None,
-                 cpu_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None) -> None:
+                 cpu_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
+                 cpu_argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self._seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
         self._cpu_race = cpu_race
+        self._cpu_argmax = cpu_argmax
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of ``logits`` (float32 ``[N, V]``, left unmodified)."""
@@ -81,7 +84,7 @@ class Sampler:
 
     def _sample(self, processed: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         if metadata.all_greedy:
-            return processed.argmax(dim=-1)
+            return self._argmax(processed)
         probs = apply_warpers(processed, metadata).softmax(dim=-1)
         shared = self._generator(processed.device) if metadata.has_unseeded_random else None
         if shared is not None and self._cpu_race is not None and probs.device.type == "cpu":
@@ -91,8 +94,13 @@ class Sampler:
                                       shared)
             token_ids = exponential_race(probs, noise)
         if metadata.greedy_mask is not None:
-            token_ids = torch.where(metadata.greedy_mask, processed.argmax(dim=-1), token_ids)
+            token_ids = torch.where(metadata.greedy_mask, self._argmax(processed), token_ids)
         return token_ids
+
+    def _argmax(self, processed: torch.Tensor) -> torch.Tensor:
+        if self._cpu_argmax is not None and processed.device.type == "cpu":
+            return self._cpu_argmax(processed)
+        return processed.argmax(dim=-1)
 
     def _race_on_cpu(self, probs: torch.Tensor, metadata: SamplingMetadata,
                      shared: torch.Generator) -> torch.Tensor:
