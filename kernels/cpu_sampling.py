@@ -9,7 +9,7 @@ token id), so the draw, the division and the argmax are one pass, split across t
 OpenMP threads. ``seed`` (one 64-bit word per call) makes the draws reproducible.
 
 ``torch.argmax`` over a row of logits runs one element at a time (about 0.3 ms for 64 rows of
-an 8k vocabulary, a tenth of the lm_head's product); the C argmax reduces in vector lanes,
+an 8k vocabulary, a fifth of the lm_head's product); the C argmax reduces in vector lanes,
 rows split across the same threads, with torch's rules: the first index of the largest, or
 of the first NaN.
 """
