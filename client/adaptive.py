@@ -16,7 +16,9 @@ Two limits move, per endpoint:
   queue on the server (its own batch limit) pulls the window back to what runs plus a small
   refill margin. The curve takes only steady samples: none while the requests a growth let
   in still queue or prefill on the server (a burst of prefills makes slow steps that the
-  running count's steady state lacks), nor in the interval after.
+  running count's steady state lacks), nor for a few steps after. In the start-up, the next
+  doubling follows as soon as the curve has steady samples at the window, without waiting
+  for the decision interval to end.
 - the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
   every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
   preempt. The capacity grows past the KV size only on evidence that reservations overstate
@@ -69,6 +71,7 @@ _DESCENT = 0.85  # a descent goes at most this far below the least measured, per
 _KV_BACKOFF = 0.85
 _SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
 _NEAR = 0.15  # samples within this share of the verdict's running count speak for it
+_SETTLE_STEPS = 5  # after a growth, steps (at most an interval) before samples count again
 
 
 @dataclass(slots=True)
@@ -124,8 +127,12 @@ class AdaptiveBudget:
         self._settle_until = now
         self._ramping = False  # the window grew and the server has yet to run what it let in
         self._verdict: float | None = None  # the window at the peak, once one was confirmed
-        self._verdict_rate = 0.0  # the tokens per second the fit named there
+        # The tokens per second first measured at the verdict (a fit's interpolation there
+        # can be off by more than a shift, and would call one at once).
+        self._verdict_rate: float | None = None
         self._probe_growth = _PROBE_GROWTH
+        self._in_startup = True  # until a decision other than to double or hold
+        self._startup_top_ready = False
         budget.max_concurrency = self.concurrency
 
     @property
@@ -160,7 +167,7 @@ class AdaptiveBudget:
             self._cut(now, "preemption")
         elif hints.kv_cache_usage >= self.config.kv_usage_high and self.kv_factor > KV_SAFE_SHARE:
             self._kv_backoff(hints, now)
-        if now >= self._next_decision:
+        if now >= self._next_decision or self._startup_can_grow(now):
             self._decide(now)
 
     def _steady(self, hints: LoadHints, now: float) -> bool:
@@ -172,8 +179,21 @@ class AdaptiveBudget:
             if hints.num_running < _REACHED * self.budget.in_flight_requests:
                 return False
             self._ramping = False
-            self._settle_until = now + self.config.interval_s
+            settle = self.config.interval_s
+            if hints.step_ms is not None:
+                settle = min(settle, _SETTLE_STEPS * hints.step_ms / 1000.0)
+            self._settle_until = now + settle
         return now >= self._settle_until
+
+    def _startup_can_grow(self, now: float) -> bool:
+        """In the start-up, whether the curve just got its first steady samples at the
+        window: the start-up's next step needs no wait for the decision interval to end."""
+        if not self._in_startup or self._ramping or now < self._settle_until:
+            return False
+        top = max((n for n, _, _ in self.curve.fit_points(now)), default=0.0)
+        ready = top >= _REACHED * self.window
+        fresh, self._startup_top_ready = ready and not self._startup_top_ready, ready
+        return fresh
 
     def on_success(
         self,
@@ -223,6 +243,7 @@ class AdaptiveBudget:
         waiting = interval.waiting / interval.samples
         self._tune_tokens(interval, now)
         window, reason = self._window_for(interval, running, waiting, now)
+        self._in_startup &= reason in ("startup", "hold")
         if self.latency is not None:
             was_unreachable = self.latency.unreachable
             self.latency.update(running, 1, now)
@@ -250,15 +271,17 @@ class AdaptiveBudget:
         explored = (peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
                     and peak.decline >= _PEAK_DECLINE and self._measured_decline(now, top))
         self._found_peak |= explored
+        if self._verdict is not None and not self._verdict_holds(now):
+            # The verdict stands until the curve moves, which shows as the throughput at the
+            # peak itself drifting off what it was when the peak was confirmed (a fit still
+            # through the old points past the peak would keep naming the old one).
+            self._verdict = None
+            self.curve.forget()
+            self.history.append(("shift", self.concurrency, self.budget.capacity))
+            return self.window, "shift"
         if not explored and self._verdict is not None:
             # The points past the peak fade once the window stays at it (samples come only
-            # from where the server runs): the verdict stands until the curve moves, which
-            # shows as the throughput at the peak itself drifting off what it was.
-            if not self._verdict_holds(now):
-                self._verdict = None
-                self.curve.forget()
-                self.history.append(("shift", self.concurrency, self.budget.capacity))
-                return self.window, "shift"
+            # from where the server runs): the verdict stands.
             return self._verdict, "peak"
         collapse = self._collapse(now)
         if not explored and collapse is not None:
@@ -287,18 +310,23 @@ class AdaptiveBudget:
             # extrapolation: step under both, so that the running count drops and the fit
             # gets data on both sides of the peak.
             step_down = min(float(peak.concurrency), _DESCENT * bottom, bottom - 1)
+            self._verdict = None  # the next one is named, and measured, afresh
             return min(self.window, max(step_down, _DESCENT * _DESCENT * bottom)), "descend"
         margin = max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * peak.concurrency)
+        if self._verdict is None:
+            self._verdict_rate = None
         self._verdict = peak.concurrency + margin
-        self._verdict_rate = peak.tokens_per_s
         return self._verdict, "peak"
 
     def _verdict_holds(self, now: float) -> bool:
         """False once the samples at the verdict's running count make a throughput
-        ``_SHIFT`` off what the fit named there."""
+        ``_SHIFT`` off what they first made there."""
         assert self._verdict is not None
         measured = self.curve.measured_tokens_per_s(now, self._verdict)
         if measured is None or abs(measured[0] - self._verdict) > _NEAR * self._verdict:
+            return True
+        if self._verdict_rate is None:
+            self._verdict_rate = measured[1]
             return True
         return abs(measured[1] / self._verdict_rate - 1.0) <= _SHIFT
 
