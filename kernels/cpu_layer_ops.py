@@ -1,4 +1,5 @@
-"""RMSNorm, SiLU-and-mul and the rotary embedding on the CPU in C (``csrc/layer_ops.c``).
+"""RMSNorm (alone or after the residual add), SiLU-and-mul and the rotary embedding on the CPU
+in C (``csrc/layer_ops.c``).
 
 Between a decoder layer's GEMMs the torch reference runs about twenty small ops (RMSNorm alone
 is seven: widen, square, mean, add, rsqrt, multiply, multiply), each a dispatch and a pass over
@@ -21,6 +22,7 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _ARGTYPES = {
     "rms_norm": [_P, _I, _P, _P, _I, _I, _F, _I, _I],  # ..., rows, threads
+    "add_rms_norm": [_P, _I, _P, _P, _P, _I, _F, _I, _I],  # x, stride, residual, w, out, ...
     "silu_and_mul": [_P, _P, _I, _I, _I],
     "rotary": [_P, _I, _I, _I, _P, _P, _I, _I],
 }
@@ -47,6 +49,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _kernel("rms_norm", x.dtype)(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
                                  hidden, hidden, eps, rows,
                                  cpu_parallel.threads_for(rows * hidden))
+    return out
+
+
+def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """Same contract as :func:`pagedserve.kernels.layer_ops.add_rms_norm_`."""
+    if (not _runs_here(x, residual) or not x.dtype == residual.dtype == weight.dtype
+            or x.dim() != 2 or x.shape != residual.shape or x.stride(-1) != 1
+            or not residual.is_contiguous()):
+        return layer_ops.add_rms_norm_(x, residual, weight, eps)
+    weight = weight.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    rows, hidden = x.shape
+    _kernel("add_rms_norm", x.dtype)(x.data_ptr(), x.stride(0), residual.data_ptr(),
+                                     weight.data_ptr(), out.data_ptr(), hidden, eps, rows,
+                                     cpu_parallel.threads_for(rows * hidden))
     return out
 
 

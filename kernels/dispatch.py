@@ -49,6 +49,7 @@ class KernelOps:
     warm_up: Callable[..., float] | None = None
     linear_packing: LinearPacking | None = None
     rms_norm: Callable[..., torch.Tensor] = layer_ops.rms_norm
+    add_rms_norm_: Callable[..., torch.Tensor] = layer_ops.add_rms_norm_
     silu_and_mul: Callable[..., torch.Tensor] = layer_ops.silu_and_mul
     rotary_: Callable[..., None] = layer_ops.rotary_
     # (probs [N, V], seed) -> token ids [N]: a random draw by the exponential race in one pass,
@@ -130,7 +131,8 @@ def _cpu_ops() -> KernelOps:
                    paged_attention_decode=cpu_attention.paged_attention_decode,
                    paged_attention_prefill=cpu_attention.paged_attention_prefill,
                    warm_up=_cpu_warm_up,
-                   rms_norm=cpu_layer_ops.rms_norm, silu_and_mul=cpu_layer_ops.silu_and_mul,
+                   rms_norm=cpu_layer_ops.rms_norm, add_rms_norm_=cpu_layer_ops.add_rms_norm_,
+                   silu_and_mul=cpu_layer_ops.silu_and_mul,
                    rotary_=cpu_layer_ops.rotary_,
                    exponential_race=cpu_sampling.exponential_race,
                    argmax=cpu_sampling.argmax)

@@ -1,6 +1,7 @@
 """The element-wise ops between a decoder layer's GEMMs: the torch reference of each.
 
-A backend may replace them (``KernelOps.rms_norm``, ``silu_and_mul``, ``rotary_``); these are
+A backend may replace them (``KernelOps.rms_norm``, ``add_rms_norm_``, ``silu_and_mul``,
+``rotary_``); these are
 what every replacement is tested against, and what runs on any device.
 """
 
@@ -19,6 +20,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
+
+
+def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                  eps: float) -> torch.Tensor:
+    """A decoder layer's residual add and the norm after it: ``residual += x`` in place, then
+    :func:`rms_norm` of the sum; x and residual [T, hidden]."""
+    residual.add_(x)
+    return rms_norm(residual, weight, eps)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

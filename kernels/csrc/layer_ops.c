@@ -1,10 +1,12 @@
-/* The element-wise ops between a decoder layer's GEMMs, for the CPU: RMSNorm, SiLU-and-mul and
- * the rotary embedding (GPT-NeoX halves). Each replaces a chain of torch ops, each of which
- * reads and writes the whole activation and pays a dispatch, with one pass over the rows.
+/* The element-wise ops between a decoder layer's GEMMs, for the CPU: RMSNorm (alone, or after
+ * the residual add), SiLU-and-mul and the rotary embedding (GPT-NeoX halves). Each replaces a
+ * chain of torch ops, each of which reads and writes the whole activation and pays a dispatch,
+ * with one pass over the rows.
  *
  * Every function splits its rows across `threads` threads of the OpenMP pool (torch's own, when
- * torch is loaded; the caller passes 1 for inputs too small to be worth waking a thread). Math is float32; bfloat16 inputs are widened on load and rounded to nearest even
- * where the torch reference rounds, so bfloat16 results match it to within one rounding.
+ * torch is loaded; the caller passes 1 for inputs too small to be worth waking a thread). Math
+ * is float32; bfloat16 inputs are widened on load and rounded to nearest even where the torch
+ * reference rounds, so bfloat16 results match it to within one rounding.
  */
 #include <math.h>
 #include <stdint.h>
@@ -36,6 +38,43 @@ void rms_norm_bf16(const bf16 *x, int64_t x_stride, const bf16 *weight, bf16 *ou
         const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
         for (int64_t i = 0; i < hidden; i++)
             yr[i] = to_bf16(from_bf16(weight[i]) * round_bf16(from_bf16(xr[i]) * inv));
+    }
+}
+
+/* residual += x, then out = RMSNorm(residual) as above: a decoder layer's residual add and the
+ * next norm in one pass over the rows (the sum is what the torch reference adds and rounds).
+ * x and out [rows, hidden] with row strides, residual [rows, hidden] contiguous, in place. */
+void add_rms_norm_f32(const float *x, int64_t x_stride, float *residual, const float *weight,
+                      float *out, int64_t hidden, float eps, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *rr = residual + r * hidden, *yr = out + r * hidden, sum = 0.0f;
+        for (int64_t i = 0; i < hidden; i++) {
+            const float v = rr[i] + xr[i];
+            rr[i] = v;
+            sum += v * v;
+        }
+        const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+        for (int64_t i = 0; i < hidden; i++) yr[i] = weight[i] * (rr[i] * inv);
+    }
+}
+
+void add_rms_norm_bf16(const bf16 *x, int64_t x_stride, bf16 *residual, const bf16 *weight,
+                       bf16 *out, int64_t hidden, float eps, int64_t rows, int64_t threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const bf16 *xr = x + r * x_stride;
+        bf16 *rr = residual + r * hidden, *yr = out + r * hidden;
+        float sum = 0.0f;
+        for (int64_t i = 0; i < hidden; i++) {
+            const float v = round_bf16(from_bf16(rr[i]) + from_bf16(xr[i]));
+            rr[i] = to_bf16(v);
+            sum += v * v;
+        }
+        const float inv = 1.0f / sqrtf(sum / (float)hidden + eps);
+        for (int64_t i = 0; i < hidden; i++)
+            yr[i] = to_bf16(from_bf16(weight[i]) * round_bf16(from_bf16(rr[i]) * inv));
     }
 }
 

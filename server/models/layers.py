@@ -38,16 +38,22 @@ def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm through the backend's op (the torch reference: ``kernels/layer_ops.py``)."""
+    """RMSNorm through the backend's op (the torch reference: ``kernels/layer_ops.py``);
+    ``add_and_norm`` takes the residual add before it along, as one op."""
 
     def __init__(self, hidden_size: int, eps: float, ops: KernelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
         self.rms_norm = ops.rms_norm
+        self.add_rms_norm_ = ops.add_rms_norm_
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden]
         return self.rms_norm(x, self.weight, self.eps)
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual += x`` (in place), then the norm of the sum."""
+        return self.add_rms_norm_(x, residual, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):

@@ -73,14 +73,24 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        h: torch.Tensor,  # [T, hidden]
+        h: torch.Tensor,  # [T, hidden]: the last layer's MLP output, or the embedding
+        residual: torch.Tensor | None,  # the residual stream before h is added; None at first
         cos: torch.Tensor,
         sin: torch.Tensor,
         attn: AttentionMetadata,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, attn, kv_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLP output, residual stream before it is added). Each residual add runs with the
+        norm after it, as one op (vLLM's fused add-and-norm): the next layer's first norm, or
+        the model's last, adds this MLP output into the stream."""
+        if residual is None:
+            residual = h
+            h = self.input_layernorm(h)
+        else:
+            h = self.input_layernorm.add_and_norm(h, residual)
+        h = self.self_attn(h, cos, sin, attn, kv_cache)
+        h = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
@@ -104,11 +114,12 @@ class LlamaModel(nn.Module):
         attn: AttentionMetadata,
         kv_caches: KVCaches,
     ) -> torch.Tensor:  # [T, hidden]
-        h = self.embed_tokens(input_ids)
+        h = self.embed_tokens(input_ids)  # a fresh tensor: the residual stream adds into it
         cos, sin = self.rotary_emb(positions)  # [T, D/2] each
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            h = layer(h, cos, sin, attn, kv_cache)
-        return self.norm(h)
+            h, residual = layer(h, residual, cos, sin, attn, kv_cache)
+        return self.norm(h) if residual is None else self.norm.add_and_norm(h, residual)
 
 
 class LlamaForCausalLM(CausalLM):

@@ -1,4 +1,5 @@
-"""The C element-wise layer ops (RMSNorm, SiLU-and-mul, rotary; the default CPU backend)
+"""The C element-wise layer ops (RMSNorm, the residual add with it, SiLU-and-mul, rotary; the
+default CPU backend)
 against float64 math and the torch reference: float32 and bfloat16, strided inputs (views of
 a fused QKV output), row counts on both sides of the threading threshold and with 1-3
 threads, and the fallbacks (float16, non-2-D inputs) that must stay the reference."""
@@ -58,6 +59,38 @@ def test_rms_norm_reads_a_strided_view():
 
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_adds_in_place_then_normalises_the_sum(rows, dtype, threads):
+    x = _randn(rows, 512, dtype=dtype) * 3
+    residual = _randn(rows, 512, dtype=dtype, seed=2)
+    weight = _randn(512, dtype=dtype, seed=1)
+    expected_sum = x + residual  # torch's add: the sum the layer's residual stream holds
+    reference_residual = residual.clone()
+    reference = layer_ops.add_rms_norm_(x, reference_residual, weight, 1e-5)
+    out = cpu_layer_ops.add_rms_norm_(x, residual, weight, 1e-5)
+    assert torch.equal(residual, expected_sum) and torch.equal(reference_residual, expected_sum)
+    assert out.dtype == dtype and out.shape == x.shape
+    _close(out, cpu_layer_ops.rms_norm(expected_sum, weight, 1e-5), dtype)
+    _close(out, reference, dtype)
+
+
+def test_add_rms_norm_reads_a_strided_input_and_refuses_a_strided_residual():
+    wide = _randn(9, 1024)
+    x = wide[:, 256:768]  # row stride 1024, as a view of a wider output
+    residual, weight = _randn(9, 512, seed=2), _randn(512, seed=1)
+    expected = layer_ops.rms_norm(x + residual, weight, 1e-6)
+    _close(cpu_layer_ops.add_rms_norm_(x, residual, weight, 1e-6), expected, torch.float32)
+    # A strided residual is not the C kernel's layout: the reference adds into the view.
+    strided = _randn(9, 1024, seed=3)
+    view = strided[:, :512]
+    before = view.clone()
+    out = cpu_layer_ops.add_rms_norm_(x, view, weight, 1e-6)
+    assert torch.equal(view, before + x)
+    assert torch.equal(strided[:, 512:], _randn(9, 1024, seed=3)[:, 512:])
+    _close(out, layer_ops.rms_norm(before + x, weight, 1e-6), torch.float32)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(rows, dtype, threads):
     x = _randn(rows, 2 * 352, dtype=dtype) * 4
     out = cpu_layer_ops.silu_and_mul(x)
@@ -111,6 +144,11 @@ def test_other_dtypes_and_shapes_take_the_reference():
     weight = _randn(64, dtype=torch.float16, seed=1)
     assert torch.equal(cpu_layer_ops.rms_norm(x, weight, 1e-5), layer_ops.rms_norm(x, weight, 1e-5))
     assert torch.equal(cpu_layer_ops.silu_and_mul(x), layer_ops.silu_and_mul(x))
+    residual = _randn(4, 64, dtype=torch.float16, seed=2)
+    reference_residual = residual.clone()
+    assert torch.equal(cpu_layer_ops.add_rms_norm_(x, residual, weight, 1e-5),
+                       layer_ops.add_rms_norm_(x, reference_residual, weight, 1e-5))
+    assert torch.equal(residual, reference_residual)
     x3 = _randn(2, 3, 64)
     w32 = _randn(64, seed=1)
     assert torch.equal(cpu_layer_ops.rms_norm(x3, w32, 1e-5), layer_ops.rms_norm(x3, w32, 1e-5))

@@ -28,6 +28,7 @@ def test_torch_backend_is_the_reference():
     assert ops.copy_blocks is cache_ops.copy_blocks
     assert ops.swap_blocks is cache_ops.swap_blocks
     assert ops.rms_norm is layer_ops.rms_norm
+    assert ops.add_rms_norm_ is layer_ops.add_rms_norm_
     assert ops.silu_and_mul is layer_ops.silu_and_mul
     assert ops.rotary_ is layer_ops.rotary_
 
@@ -42,6 +43,7 @@ def test_auto_on_cpu_compiles_where_a_compiler_exists(monkeypatch):
     assert ops.paged_attention_prefill is cpu_attention.paged_attention_prefill
     assert ops.warm_up is dispatch._cpu_warm_up
     assert ops.rms_norm is cpu_layer_ops.rms_norm
+    assert ops.add_rms_norm_ is cpu_layer_ops.add_rms_norm_
     assert ops.silu_and_mul is cpu_layer_ops.silu_and_mul
     assert ops.rotary_ is cpu_layer_ops.rotary_
     assert ops.reshape_and_cache is cache_ops.reshape_and_cache
