@@ -27,7 +27,7 @@ class AdaptiveConfig:
     initial_concurrency: int | None = None
     decrease_factor: float = 0.5
     kv_usage_high: float = 0.9
-    kv_usage_low: float = 0.75
+    kv_usage_low: float = 0.8
     waiting_high: int | None = None
     interval_s: float = 0.25
     memory_s: float = 20.0

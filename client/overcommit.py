@@ -18,7 +18,7 @@ MAX_GROWTH = 2.0
 EARLY_STOP_SHARE = 0.6  # answers using less than this of their reservation, on average
 KV_SHARE = 0.7  # a cache holding less than this of what is reserved is overstated
 SHARED_PREFIX_SHARE = 0.4
-MIN_FINISHED = 16  # answers seen before reservations may be judged against real use
+MIN_FINISHED = 8  # answers seen before reservations may be judged against real use
 SMOOTHING = 0.1
 
 

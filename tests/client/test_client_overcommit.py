@@ -13,7 +13,7 @@ def answered(overcommit: Overcommit, count: int, used: int = 100, now: float = 0
 
 def test_no_growth_before_enough_answers():
     o = Overcommit(interval_s=0.25, kv_usage_low=0.75)
-    answered(o, 15)
+    answered(o, 7)
     assert o.growth(0.5, 0.3, tokens_full=True, now=1.0) is None
     answered(o, 1)
     assert o.growth(0.5, 0.3, tokens_full=True, now=1.0) == 1.25
