@@ -43,6 +43,20 @@ def test_matches_torch_at_odd_widths_and_on_strided_rows(width):
     assert cpu_sampling.argmax(rows).tolist() == rows.argmax(dim=-1).tolist()
 
 
+@pytest.mark.parametrize("width", [16, 37, 1000])
+def test_ties_in_different_lanes_and_the_tail_take_the_first_index(width):
+    """The largest value at several places (in different vector lanes, or in the tail after
+    the last whole vector), and a NaN anywhere: torch's index every time."""
+    rng = torch.Generator().manual_seed(width)
+    for trial in range(200):
+        row = torch.randint(-3, 3, (1, width), generator=rng).float()  # many ties already
+        places = torch.randperm(width, generator=rng)[:1 + trial % 4]
+        row[0, places] = 7.0
+        if trial % 7 == 0:
+            row[0, places[0]] = float("nan")
+        assert cpu_sampling.argmax(row).tolist() == row.argmax(dim=-1).tolist(), places
+
+
 def test_threads_do_not_change_the_answer():
     logits = torch.randn(64, 4096, generator=torch.Generator().manual_seed(3))
     before = torch.get_num_threads()
