@@ -26,6 +26,17 @@ def test_frequencies_follow_the_probabilities():
     assert frequencies[4] == 0  # a zero probability never wins
 
 
+def test_equal_probabilities_over_a_wide_row_favour_no_token():
+    """51,200 draws from 256 equal probabilities: the counts pass a chi-square test (255
+    degrees of freedom: mean 255, standard deviation 22.6; the bound is five of them above)."""
+    draws = torch.cat([cpu_sampling.exponential_race(torch.full((512, 256), 1 / 256), seed)
+                       for seed in range(100)])
+    counts = torch.bincount(draws, minlength=256).double()
+    expected = draws.numel() / 256
+    chi_square = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi_square < 255 + 5 * 22.6, chi_square
+
+
 def test_a_row_draws_from_its_seed_and_index_alone():
     probs = torch.softmax(torch.randn(6, 1000, generator=torch.Generator().manual_seed(0)), -1)
     first = cpu_sampling.exponential_race(probs, 123)
