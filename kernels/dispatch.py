@@ -57,6 +57,9 @@ class KernelOps:
     exponential_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None
     # logits [N, V] -> token ids [N]: the greedy rows' argmax, for a backend that has one.
     argmax: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # (logits [N, V], top_k [N] | None, top_p [N] | None) -> truncated logits, or None where
+    # the sampler's own sort must run: top-k / top-p without a sort, for a backend that has it.
+    top_k_top_p: Callable[..., torch.Tensor | None] | None = None
     # Whether attention reads a KV cache kept in another dtype than the query's
     # (--kv-cache-dtype bfloat16 under a float32 model).
     reads_other_cache_dtypes: bool = False
@@ -135,7 +138,7 @@ def _cpu_ops() -> KernelOps:
                    silu_and_mul=cpu_layer_ops.silu_and_mul,
                    rotary_=cpu_layer_ops.rotary_,
                    exponential_race=cpu_sampling.exponential_race,
-                   argmax=cpu_sampling.argmax)
+                   argmax=cpu_sampling.argmax, top_k_top_p=cpu_sampling.top_k_top_p)
 
 
 def _cpu_warm_up(

@@ -94,7 +94,8 @@ class LLMEngine:
         # One sampler, seeded from --seed, so unseeded requests repeat on a fresh engine.
         self.sampler = TokenSampler(
             Sampler(seed=args.seed, cpu_race=self.model.kernel_ops.exponential_race,
-                    cpu_argmax=self.model.kernel_ops.argmax),
+                    cpu_argmax=self.model.kernel_ops.argmax,
+                    top_k_top_p=self.model.kernel_ops.top_k_top_p),
             self.model_config.vocab_size)
         self.outputs = OutputProcessor(self.tokenizer)
         self.compile_seconds = warm_up_attention(self.model, self.cache_config.block_size,

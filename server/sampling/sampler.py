@@ -22,7 +22,7 @@ from pagedserve.server.sampling.exponential_race import exponential_noise, expon
 from pagedserve.server.sampling.logprobs import sampled_logprobs, sampled_ranks, top_logprobs
 from pagedserve.server.sampling.metadata import SamplingMetadata
 from pagedserve.server.sampling.penalties import apply_penalties_and_biases
-from pagedserve.server.sampling.warpers import apply_warpers
+from pagedserve.server.sampling.warpers import TopKTopP, apply_warpers
 
 
 @dataclass(slots=True)
@@ -50,15 +50,18 @@ class Sampler:
     unseeded rows of a CPU batch in one pass, from one word of that generator per step;
     seeded rows keep their own generators either way. ``cpu_argmax`` (the backend's
     ``argmax``, when it has one) picks the greedy rows' tokens of a CPU batch.
+    ``top_k_top_p`` (the backend's, when it has one) truncates rows without a sort.
     """
 
     def __init__(self, seed: int | None = None,
                  cpu_race: Callable[[torch.Tensor, int], torch.Tensor] | None = None,
-                 cpu_argmax: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 cpu_argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 top_k_top_p: TopKTopP | None = None) -> None:
         self._seed = seed
         self._generators: dict[torch.device, torch.Generator] = {}
         self._cpu_race = cpu_race
         self._cpu_argmax = cpu_argmax
+        self._top_k_top_p = top_k_top_p
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample one token per row of ``logits`` (float32 ``[N, V]``, left unmodified)."""
@@ -76,7 +79,9 @@ class Sampler:
         rows after the warpers too; masked tokens are -inf. May return ``logits`` itself."""
         logits = _checked(logits, metadata)
         processed = apply_penalties_and_biases(logits, metadata)
-        return processed if metadata.all_greedy else apply_warpers(processed, metadata)
+        if metadata.all_greedy:
+            return processed
+        return apply_warpers(processed, metadata, self._top_k_top_p)
 
     def compute_logprobs(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         """float32 ``[N, V]``: log-softmax of the processed logits (what beam search ranks)."""
@@ -85,7 +90,7 @@ class Sampler:
     def _sample(self, processed: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
         if metadata.all_greedy:
             return self._argmax(processed)
-        probs = apply_warpers(processed, metadata).softmax(dim=-1)
+        probs = apply_warpers(processed, metadata, self._top_k_top_p).softmax(dim=-1)
         shared = self._generator(processed.device) if metadata.has_unseeded_random else None
         if shared is not None and self._cpu_race is not None and probs.device.type == "cpu":
             token_ids = self._race_on_cpu(probs, metadata, shared)

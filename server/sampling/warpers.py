@@ -8,6 +8,7 @@ pass serves the whole batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,6 +18,11 @@ if TYPE_CHECKING:
     from pagedserve.server.sampling.metadata import SamplingMetadata
 
 _MASKED = float("-inf")
+
+# (logits [N, V], top_k long [N] | None, top_p float32 [N] | None) -> truncated logits, or None
+# where the torch path must run: a kernel backend's top-k / top-p without a sort.
+TopKTopP = Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+                    torch.Tensor | None]
 
 
 def apply_top_k_top_p(
@@ -67,12 +73,18 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, _MASKED)
 
 
-def apply_warpers(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """Temperature, then top-k and top-p, then min-p; returns a new tensor or ``logits``."""
+def apply_warpers(logits: torch.Tensor, metadata: SamplingMetadata,
+                  top_k_top_p: TopKTopP | None = None) -> torch.Tensor:
+    """Temperature, then top-k and top-p, then min-p; returns a new tensor or ``logits``.
+    ``top_k_top_p`` (a kernel backend's, when it has one) truncates where it can, the sort
+    here everywhere else."""
     if metadata.temperature is not None:
         logits = logits / metadata.temperature.unsqueeze(1)
     if metadata.top_k is not None or metadata.top_p is not None:
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        truncated = (top_k_top_p(logits, metadata.top_k, metadata.top_p)
+                     if top_k_top_p is not None else None)
+        logits = (truncated if truncated is not None
+                  else apply_top_k_top_p(logits, metadata.top_k, metadata.top_p))
     if metadata.min_p is not None:
         logits = apply_min_p(logits, metadata.min_p)
     return logits
