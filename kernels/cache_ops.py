@@ -32,6 +32,24 @@ def reshape_and_cache(
 ) -> None:
     """Writes token ``t``'s key/value [T, Hkv, D] into slot ``slot_mapping[t]``; slots < 0 are
     padding and skipped."""
+    check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    padded = slot_mapping < 0
+    if bool(padded.any()):
+        # Masking costs three boolean gathers per layer: only when there is padding.
+        keep = ~padded
+        slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
+    _flat_slots(key_cache).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
+    _flat_slots(value_cache).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
+
+
+def check_reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """The shape checks of ``reshape_and_cache``, shared by the backends that write in place."""
     _check_cache_pair(key_cache, value_cache)
     if key.shape != value.shape or key.shape[1:] != key_cache.shape[2:]:
         raise ValueError(
@@ -43,13 +61,6 @@ def reshape_and_cache(
             f"slot_mapping must be [{key.shape[0]}] (one slot per token), "
             f"got {list(slot_mapping.shape)}"
         )
-    padded = slot_mapping < 0
-    if bool(padded.any()):
-        # Masking costs three boolean gathers per layer: only when there is padding.
-        keep = ~padded
-        slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
-    _flat_slots(key_cache).index_copy_(0, slot_mapping, key.to(key_cache.dtype))
-    _flat_slots(value_cache).index_copy_(0, slot_mapping, value.to(value_cache.dtype))
 
 
 def _check_mapping(block_mapping: torch.Tensor) -> None:

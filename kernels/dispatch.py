@@ -4,9 +4,9 @@ Backends: ``"torch"`` (the reference in this package, any device), ``"triton"``
 (``pagedserve.kernels.triton``, imported only when chosen) and ``"inductor"`` (CPU: decode
 attention compiled by torch.compile, reading KV blocks in place, ``compiled_attention.py``;
 linear weights prepacked for oneDNN, ``cpu_linear.py``).
-``"cpu"`` is the inductor bundle with decode attention, the element-wise layer ops and the
-sampling race in C instead (``cpu_attention.py``, ``cpu_layer_ops.py``, ``cpu_sampling.py``,
-built for the host on first use).
+``"cpu"`` is the inductor bundle with decode attention, the KV cache writes, the element-wise
+layer ops and the sampling race in C instead (``cpu_attention.py``, ``cpu_cache_ops.py``,
+``cpu_layer_ops.py``, ``cpu_sampling.py``, built for the host on first use).
 ``"auto"`` takes Triton for a CUDA device, ``"cpu"`` for the CPU when a C compiler and a C++
 compiler are on the PATH (the C kernels build with the first; inductor, which compiles the
 attention of dtypes the C kernels do not take, with the second), and the torch reference
@@ -128,9 +128,10 @@ def _inductor_ops() -> KernelOps:
 
 
 def _cpu_ops() -> KernelOps:
-    from pagedserve.kernels import cpu_attention, cpu_layer_ops, cpu_sampling
+    from pagedserve.kernels import cpu_attention, cpu_cache_ops, cpu_layer_ops, cpu_sampling
 
     return replace(_inductor_ops(), name="cpu",
+                   reshape_and_cache=cpu_cache_ops.reshape_and_cache,
                    paged_attention_decode=cpu_attention.paged_attention_decode,
                    paged_attention_prefill=cpu_attention.paged_attention_prefill,
                    warm_up=_cpu_warm_up,
@@ -144,9 +145,10 @@ def _cpu_ops() -> KernelOps:
 def _cpu_warm_up(
     num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype
 ) -> float:
-    from pagedserve.kernels import cpu_attention, cpu_layer_ops, cpu_sampling
+    from pagedserve.kernels import cpu_attention, cpu_cache_ops, cpu_layer_ops, cpu_sampling
 
     seconds = cpu_attention.warm_up(num_heads, num_kv_heads, head_dim, block_size, dtype)
+    seconds += cpu_cache_ops.warm_up()
     return seconds + cpu_layer_ops.warm_up(dtype) + cpu_sampling.warm_up()
 
 

@@ -11,6 +11,7 @@ from pagedserve.kernels import (
     cache_ops,
     compiled_attention,
     cpu_attention,
+    cpu_cache_ops,
     cpu_layer_ops,
     dispatch,
     layer_ops,
@@ -46,7 +47,7 @@ def test_auto_on_cpu_compiles_where_a_compiler_exists(monkeypatch):
     assert ops.add_rms_norm_ is cpu_layer_ops.add_rms_norm_
     assert ops.silu_and_mul is cpu_layer_ops.silu_and_mul
     assert ops.rotary_ is cpu_layer_ops.rotary_
-    assert ops.reshape_and_cache is cache_ops.reshape_and_cache
+    assert ops.reshape_and_cache is cpu_cache_ops.reshape_and_cache
     assert ops.linear_packing is not None
     monkeypatch.setattr(dispatch.shutil, "which", lambda name: None)
     assert get_kernel_ops("cpu") is TORCH_OPS
