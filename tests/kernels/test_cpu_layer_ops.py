@@ -100,6 +100,17 @@ def test_silu_and_mul(rows, dtype, threads):
     _close(out, layer_ops.silu_and_mul(x), dtype)
 
 
+def test_silu_and_mul_at_the_ends_of_the_float_range():
+    """The sigmoid's reciprocal is taken with bit tricks: huge, tiny and infinite gates still
+    give what torch gives (0 far below zero, NaN for -inf times 0, the gate itself far above)."""
+    gate = torch.tensor([-1e30, -1e4, -100.0, -87.0, -20.0, -1e-3, 0.0, 1e-3, 20.0, 88.0, 1e4,
+                         1e30, float("inf"), float("-inf"), float("nan"), -1.0])
+    x = torch.cat([gate, torch.full_like(gate, 3.0)]).view(1, -1)
+    expected = torch.nn.functional.silu(gate.double()) * 3.0
+    torch.testing.assert_close(cpu_layer_ops.silu_and_mul(x)[0].double(), expected,
+                               rtol=2e-6, atol=1e-37, equal_nan=True)
+
+
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotary_rotates_q_and_k_in_place_and_leaves_v(rows, dtype, threads):
