@@ -6,8 +6,10 @@ Two limits move, per endpoint:
   throughput is: ``StepCurve`` fits the server's step time against its running count and
   names the concurrency of most tokens per second. The window doubles while doubling pays (a
   start-up, left after two doublings that gained under a quarter, as BBR leaves its own), then
-  grows a quarter at a time; each growth waits until the server runs the new window and the
-  curve has samples there. It settles at the fitted peak only once both the fit and the
+  grows a quarter at a time; a doubling that lost a tenth of the throughput ends the start-up
+  at once, with a step as far under the window before it as the doubling went over it, and
+  the fit through both sides names the peak. Each growth waits until the server runs the
+  new window and the curve has samples there. It settles at the fitted peak only once both the fit and the
   samples themselves show the throughput a quarter lower well past it (noise fits false
   summits, and stopping short costs more than going a little past), descending in steps when
   the peak lies below what was measured lately. Samples alone showing such a fall stop any
@@ -67,6 +69,7 @@ _PEAK_DECLINE = 0.25
 _REACHED = 0.9
 _BOTH_SIDES = 1.1
 _STARTUP_EXIT = 2
+_DOUBLING_LOST = 0.9  # a doubling that made this share of the throughput before it, or less
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _KV_BACKOFF = 0.85
 _SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
@@ -131,6 +134,8 @@ class AdaptiveBudget:
         # can be off by more than a shift, and would call one at once).
         self._verdict_rate: float | None = None
         self._probe_growth = _PROBE_GROWTH
+        # The window whose start-up doubling lost throughput, until the curve is forgotten.
+        self._lost_at: float | None = None
         self._in_startup = True  # until a decision other than to double or hold
         self._startup_top_ready = False
         budget.max_concurrency = self.concurrency
@@ -153,6 +158,7 @@ class AdaptiveBudget:
             # doubling from a window already sized for a server is too coarse.
             self._found_peak = True
             self._verdict = None
+            self._lost_at = None
             self.history.append(("shift", self.concurrency, self.budget.capacity))
         budget = self.budget
         held = hints.kv_cache_usage * (self.plan.kv_tokens or 0)
@@ -269,13 +275,19 @@ class AdaptiveBudget:
         # over a few running counts fits a false summit, and stopping short of the real one
         # costs far more throughput than going a little past it.
         explored = (peak is not None and not peak.at_edge and top >= 1.5 * peak.concurrency
-                    and peak.decline >= _PEAK_DECLINE and self._measured_decline(now, top))
+                    and peak.decline >= _PEAK_DECLINE
+                    and self.curve.measured_decline(now, _PEAK_DECLINE))
+        # A start-up doubling that lost throughput measured the fall itself: a fit through
+        # points on both sides of the window before it is evidence enough.
+        explored |= (self._lost_at is not None and peak is not None and not peak.at_edge
+                     and top >= _REACHED * self._lost_at)
         self._found_peak |= explored
         if self._verdict is not None and not self._verdict_holds(now):
             # The verdict stands until the curve moves, which shows as the throughput at the
             # peak itself drifting off what it was when the peak was confirmed (a fit still
             # through the old points past the peak would keep naming the old one).
             self._verdict = None
+            self._lost_at = None
             self.curve.forget()
             self.history.append(("shift", self.concurrency, self.budget.capacity))
             return self.window, "shift"
@@ -283,7 +295,9 @@ class AdaptiveBudget:
             # The points past the peak fade once the window stays at it (samples come only
             # from where the server runs): the verdict stands.
             return self._verdict, "peak"
-        collapse = self._collapse(now)
+        collapse = self.curve.best_before_collapse(now, _PEAK_DECLINE)
+        if collapse is not None:
+            collapse += max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * collapse)
         if not explored and collapse is not None:
             # Too few points for a fit to confirm, but the measurements alone show the top
             # making a quarter less than a smaller batch did: never grow into that.
@@ -295,6 +309,15 @@ class AdaptiveBudget:
                 # allows (or the curve to see it), or it still drains from a larger window:
                 # nothing to learn by growing.
                 return self.window, "hold"
+            if self._in_startup and self._doubling_lost(now, top):
+                # The last doubling made less than the window before it: the peak lies
+                # below the window, and another doubling would only sink deeper (where steps
+                # are slowest, and what was let in drains slowest). Measure as far under the
+                # better window as the doubling went over it, so that the fit has the curve
+                # on both sides of that window and names the peak from there.
+                self._found_peak = True
+                self._lost_at = self.window
+                return self.window / (_STARTUP_GROWTH * _STARTUP_GROWTH), "descend"
             # BBR leaves its start-up after three rounds without a quarter more bandwidth;
             # on a noisy machine two doublings that paid little are evidence enough.
             self._small_gains = self._small_gains + 1 if self._doubling_pays_little(
@@ -330,50 +353,27 @@ class AdaptiveBudget:
             return True
         return abs(measured[1] / self._verdict_rate - 1.0) <= _SHIFT
 
-    def _gain(self, now: float, top: float, ratio: float) -> float | None:
-        """Measured throughput at the top of the curve over that at ``ratio × top``; None
-        unless both are known and apart."""
-        high = self.curve.measured_tokens_per_s(now, top)
-        low = self.curve.measured_tokens_per_s(now, ratio * top)
-        if high is None or low is None or not low[0] <= 1.2 * ratio * top < high[0]:
-            return None  # nothing measured near enough to ``ratio × top``
-        return high[1] / low[1]
-
-    def _collapse(self, now: float) -> float | None:
-        """The best measured running count when the top measures ``_PEAK_DECLINE`` under it."""
-        points = self.curve.fit_points(now)
-        if len(points) < 3:
-            return None
-        rates = [(n / step, n) for n, step, _ in points]
-        best_rate, best_n = max(rates)
-        if rates[-1][0] > (1.0 - _PEAK_DECLINE) * best_rate:
-            return None
-        return best_n + max(_PEAK_MARGIN_MIN, _PEAK_MARGIN * best_n)
-
-    def _measured_decline(self, now: float, top: float) -> bool:
-        """The buckets themselves, not only the fit, make less at the top than somewhere
-        below it: a fit through four or more points can still bend on noise."""
-        points = self.curve.fit_points(now)
-        if len(points) < 4:
-            return False
-        rates = [n / step for n, step, _ in points]
-        return rates[-1] <= (1.0 - _PEAK_DECLINE) * max(rates)
-
     def _next_probe_growth(self, now: float, top: float) -> float:
         """A quarter more, and more after each probe that still paid: past the knee a
         curve may keep rising gently up to the server's limit, and probing it a quarter at a
         time would spend a whole batch getting there."""
-        gain = self._gain(now, top, 1.0 / self._probe_growth)
+        gain = self.curve.measured_gain(now, top, 1.0 / self._probe_growth)
         if gain is not None and gain >= _PROBE_PAID:
             self._probe_growth = min(_STARTUP_GROWTH, self._probe_growth * _PROBE_GROWTH)
         else:
             self._probe_growth = _PROBE_GROWTH
         return self._probe_growth
 
+    def _doubling_lost(self, now: float, top: float) -> bool:
+        """True when the running count's last doubling measured less throughput than
+        before it (by more than the noise of a few percent)."""
+        gain = self.curve.measured_gain(now, top, 0.5)
+        return gain is not None and gain < _DOUBLING_LOST
+
     def _doubling_pays_little(self, now: float, top: float) -> bool:
         """True when the last doubling of the running count gained under a quarter more
         throughput (BBR's test for leaving its start-up): grow in smaller steps from here."""
-        gain = self._gain(now, top, 0.5)
+        gain = self.curve.measured_gain(now, top, 0.5)
         return gain is not None and gain < 1.25
 
     def _tune_tokens(self, interval: _Interval, now: float) -> None:

@@ -178,6 +178,35 @@ class StepCurve:
         n, step, _ = min(points, key=lambda p: abs(p[0] - near))
         return n, n / step * 1000.0
 
+    def measured_gain(self, now: float, top: float, ratio: float) -> float | None:
+        """Measured throughput at ``top`` over that at ``ratio × top``; None unless both are
+        known and apart."""
+        high = self.measured_tokens_per_s(now, top)
+        low = self.measured_tokens_per_s(now, ratio * top)
+        if high is None or low is None or not low[0] <= 1.2 * ratio * top < high[0]:
+            return None  # nothing measured near enough to ``ratio × top``
+        return high[1] / low[1]
+
+    def best_before_collapse(self, now: float, decline: float) -> float | None:
+        """The running count measured best, when the largest measured makes ``decline`` (a
+        share) less than it; None otherwise, or with under three points."""
+        points = self.fit_points(now)
+        if len(points) < 3:
+            return None
+        rates = [(n / step, n) for n, step, _ in points]
+        best_rate, best_n = max(rates)
+        return best_n if rates[-1][0] <= (1.0 - decline) * best_rate else None
+
+    def measured_decline(self, now: float, decline: float) -> bool:
+        """The buckets themselves, not only the fit, make ``decline`` less at the largest
+        count than somewhere below it: a fit through four or more points can still bend on
+        noise."""
+        points = self.fit_points(now)
+        if len(points) < 4:
+            return False
+        rates = [n / step for n, step, _ in points]
+        return rates[-1] <= (1.0 - decline) * max(rates)
+
     def _faded(self, bucket: _Bucket, now: float) -> float:
         return bucket.weight * math.exp(-max(0.0, now - bucket.seen_at) / self.memory_s)
 

@@ -168,6 +168,25 @@ def test_settles_within_ten_percent_of_the_peak():
     assert engine.preemptions == 0
 
 
+@pytest.mark.parametrize("c_ms,settled_by", [(0.08, 10.0), (0.32, 20.0)],
+                         ids=["peak-15.8", "peak-7.9"])
+def test_a_peak_under_the_first_doubling_ends_the_start_up_at_once(c_ms, settled_by):
+    # The start-up begins at 16 requests; doubling to 32 already makes less. Doubling on
+    # would send 64 requests into steps several times slower, which then take tens of
+    # seconds to drain: the start-up steps back under where it began instead, and the fit
+    # through both sides names the peak.
+    engine = FakeEngine(base_ms=20.0, c_ms=c_ms)
+    sim = Simulation(engine)
+    sim.run(settled_by + 10.0)
+    history = list(sim.controller.history)
+    assert [reason for reason, _, _ in history[:3]] == ["start", "startup", "descend"]
+    assert max(window for _, window, _ in history) == 32
+    running, rate = sim.mean_since(settled_by)
+    assert abs(running - engine.peak) <= 0.5 * engine.peak
+    assert rate >= 0.93 * best_rate(engine)
+    assert engine.preemptions == 0
+
+
 def test_a_burst_of_prefills_after_growth_is_no_peak():
     # The server starts 4 requests a step, 15 ms of prefill each: right after a doubling
     # the steps are up to 3x slower than the running count's steady state. Taken for that
