@@ -10,9 +10,9 @@ Two limits move, per endpoint:
   at once, with a step as far under the window before it as the doubling went over it, and
   the fit through both sides names the peak. Each growth waits until the server runs the
   new window and the curve has samples there. It settles at the fitted peak only once both
-  the fit and the samples themselves show the throughput a quarter lower well past it (noise fits false
-  summits, and stopping short costs more than going a little past), descending in steps when
-  the peak lies below what was measured lately. Samples alone showing such a fall stop any
+  the fit and the samples themselves show the throughput a quarter lower well past it
+  (noise fits false summits, and stopping short costs more than going a little past),
+  descending in steps when the peak lies below what was measured lately. Samples alone showing such a fall stop any
   growth. A confirmed peak stands until the throughput measured at it drifts well off what
   the fit named (the workload changed); then the curve is forgotten and searched again. A
   queue on the server (its own batch limit) pulls the window back to what runs plus a small
