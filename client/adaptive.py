@@ -70,6 +70,7 @@ _REACHED = 0.9
 _BOTH_SIDES = 1.1
 _STARTUP_EXIT = 2
 _DOUBLING_LOST = 0.9  # a doubling that made this share of the throughput before it, or less
+_DOUBLING_PAYS = 1.25  # a doubling that made less than this share more paid little
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _KV_BACKOFF = 0.85
 _SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
@@ -309,7 +310,9 @@ class AdaptiveBudget:
                 # allows (or the curve to see it), or it still drains from a larger window:
                 # nothing to learn by growing.
                 return self.window, "hold"
-            if self._in_startup and self._doubling_lost(now, top):
+            # The last doubling of the running count: measured throughput after over before.
+            doubling = self.curve.measured_gain(now, top, 0.5)
+            if self._in_startup and doubling is not None and doubling < _DOUBLING_LOST:
                 # The last doubling made less than the window before it: the peak lies
                 # below the window, and another doubling would only sink deeper (where steps
                 # are slowest, and what was let in drains slowest). Measure as far under the
@@ -320,8 +323,8 @@ class AdaptiveBudget:
                 return self.window / (_STARTUP_GROWTH * _STARTUP_GROWTH), "descend"
             # BBR leaves its start-up after three rounds without a quarter more bandwidth;
             # on a noisy machine two doublings that paid little are evidence enough.
-            self._small_gains = self._small_gains + 1 if self._doubling_pays_little(
-                now, top) else 0
+            pays_little = doubling is not None and doubling < _DOUBLING_PAYS
+            self._small_gains = self._small_gains + 1 if pays_little else 0
             self._found_peak |= self._small_gains >= _STARTUP_EXIT
             if not self._found_peak:
                 return self.window * _STARTUP_GROWTH, "startup"
@@ -363,18 +366,6 @@ class AdaptiveBudget:
         else:
             self._probe_growth = _PROBE_GROWTH
         return self._probe_growth
-
-    def _doubling_lost(self, now: float, top: float) -> bool:
-        """True when the running count's last doubling measured less throughput than
-        before it (by more than the noise of a few percent)."""
-        gain = self.curve.measured_gain(now, top, 0.5)
-        return gain is not None and gain < _DOUBLING_LOST
-
-    def _doubling_pays_little(self, now: float, top: float) -> bool:
-        """True when the last doubling of the running count gained under a quarter more
-        throughput (BBR's test for leaving its start-up): grow in smaller steps from here."""
-        gain = self.curve.measured_gain(now, top, 0.5)
-        return gain is not None and gain < 1.25
 
     def _tune_tokens(self, interval: _Interval, now: float) -> None:
         """Grow the token capacity past the KV size where reservations overstate the cache."""
