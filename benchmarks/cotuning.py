@@ -169,6 +169,7 @@ async def run_once(urls: list[str], budget: int | str, requests: list[BatchReque
             for endpoint in pool.endpoints:
                 if endpoint.adaptive is not None:
                     print(f"    {endpoint.name}: {list(endpoint.adaptive.history)}")
+            print(f"    requests in flight, each second: {[s[1] for s in recorder.samples[::10]]}")
     after = await total_preemptions(urls)
     ok = [r for r in results if r.ok]
     lat = np.array(recorder.latencies_ms or [0.0])

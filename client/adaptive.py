@@ -26,7 +26,9 @@ Two limits move, per endpoint:
   preempt. The capacity grows past the KV size only on evidence that reservations overstate
   what the cache will hold (``Overcommit``), while the reservations bind and the cache stays
   under ``kv_usage_low``. Above ``kv_usage_high`` it shrinks back *before* the cache runs
-  out.
+  out. A server that publishes the peak its held work will need settles it at once
+  (``projected_capacity``), once each growth has reached the server; a usage above
+  ``kv_usage_high`` is then no danger while that projection fits.
 
 A rise in the server's preemption count or a 429 cuts the window by ``decrease_factor``, once
 per interval (requests sent before a cut keep reporting the old congestion). With a
@@ -40,7 +42,6 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
 
 from pagedserve.client.adaptive_plan import (
     KV_SAFE_SHARE,
@@ -49,8 +50,9 @@ from pagedserve.client.adaptive_plan import (
     plan_budget,
 )
 from pagedserve.client.budget import TokenBudget
+from pagedserve.client.hint_interval import HintInterval
 from pagedserve.client.latency_target import LatencyGuard, estimate_latency_ms
-from pagedserve.client.overcommit import Overcommit
+from pagedserve.client.overcommit import Overcommit, projected_capacity, projection_fits
 from pagedserve.client.peak import StepCurve
 from pagedserve.common.load_hints import LoadHints
 
@@ -70,35 +72,13 @@ _REACHED = 0.9
 _BOTH_SIDES = 1.1
 _STARTUP_EXIT = 2
 _DOUBLING_LOST = 0.9  # a doubling that made this share of the throughput before it, or less
+_LOST_DECISIONS = 3  # ... at so many decisions in a row (one can be a burst's noise)
 _DOUBLING_PAYS = 1.25  # a doubling that made less than this share more paid little
 _DESCENT = 0.85  # a descent goes at most this far below the least measured, per decision
 _KV_BACKOFF = 0.85
 _SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
 _NEAR = 0.15  # samples within this share of the verdict's running count speak for it
 _SETTLE_STEPS = 5  # after a growth, steps (at most an interval) before samples count again
-
-
-@dataclass(slots=True)
-class _Interval:
-    """What the hints said since the last decision."""
-
-    samples: int = 0
-    running: float = 0.0
-    waiting: float = 0.0
-    kv_peak: float = 0.0
-    kv_per_reserved: float = 0.0  # the most KV held per reserved token
-    window_full: bool = False
-    tokens_full: bool = False
-
-    def add(self, hints: LoadHints, window_full: bool, tokens_full: bool,
-            kv_per_reserved: float) -> None:
-        self.samples += 1
-        self.running += hints.num_running
-        self.waiting += hints.num_waiting
-        self.kv_peak = max(self.kv_peak, hints.kv_cache_usage)
-        self.kv_per_reserved = max(self.kv_per_reserved, kv_per_reserved)
-        self.window_full |= window_full
-        self.tokens_full |= tokens_full
 
 
 class AdaptiveBudget:
@@ -121,7 +101,7 @@ class AdaptiveBudget:
         self.latency = LatencyGuard(config.target) if config.target is not None else None
         self.history: deque[tuple[str, int, int]] = deque(maxlen=_HISTORY)
         self.history.append(("start", self.concurrency, budget.capacity))
-        self._interval = _Interval()
+        self._interval = HintInterval()
         self._next_decision = now + config.interval_s
         self._cut_until = -math.inf
         self._preemptions: int | None = None
@@ -137,6 +117,7 @@ class AdaptiveBudget:
         self._probe_growth = _PROBE_GROWTH
         # The window whose start-up doubling lost throughput, until the curve is forgotten.
         self._lost_at: float | None = None
+        self._lost_seen = 0  # decisions in a row that measured the last doubling lost
         self._in_startup = True  # until a decision other than to double or hold
         self._startup_top_ready = False
         budget.max_concurrency = self.concurrency
@@ -172,8 +153,11 @@ class AdaptiveBudget:
         previous, self._preemptions = self._preemptions, hints.num_preemptions
         if previous is not None and hints.num_preemptions > previous:
             self._cut(now, "preemption")
-        elif hints.kv_cache_usage >= self.config.kv_usage_high and self.kv_factor > KV_SAFE_SHARE:
+        elif (hints.kv_cache_usage >= self.config.kv_usage_high
+              and self.kv_factor > KV_SAFE_SHARE and not projection_fits(hints)):
             self._kv_backoff(hints, now)
+        else:
+            self._fill_projection(hints, now)
         if now >= self._next_decision or self._startup_can_grow(now):
             self._decide(now)
 
@@ -242,7 +226,7 @@ class AdaptiveBudget:
     # -- decisions -----------------------------------------------------------------------
 
     def _decide(self, now: float) -> None:
-        interval, self._interval = self._interval, _Interval()
+        interval, self._interval = self._interval, HintInterval()
         self._next_decision = now + self.config.interval_s
         if interval.samples == 0:
             return
@@ -265,7 +249,7 @@ class AdaptiveBudget:
             self._set(window, reason)
 
     def _window_for(
-        self, interval: _Interval, running: float, waiting: float, now: float
+        self, interval: HintInterval, running: float, waiting: float, now: float
     ) -> tuple[float, str]:
         if waiting > self.plan.waiting_high:
             # The server runs what it can (its batch or KV limit); more only queues there.
@@ -312,7 +296,11 @@ class AdaptiveBudget:
                 return self.window, "hold"
             # The last doubling of the running count: measured throughput after over before.
             doubling = self.curve.measured_gain(now, top, 0.5)
-            if self._in_startup and doubling is not None and doubling < _DOUBLING_LOST:
+            lost = self._in_startup and doubling is not None and doubling < _DOUBLING_LOST
+            self._lost_seen = self._lost_seen + 1 if lost else 0
+            if lost and self._lost_seen < _LOST_DECISIONS:
+                return self.window, "hold"  # measure the new window a little longer
+            if lost:
                 # The last doubling made less than the window before it: the peak lies
                 # below the window, and another doubling would only sink deeper (where steps
                 # are slowest, and what was let in drains slowest). Measure as far under the
@@ -367,12 +355,29 @@ class AdaptiveBudget:
             self._probe_growth = _PROBE_GROWTH
         return self._probe_growth
 
-    def _tune_tokens(self, interval: _Interval, now: float) -> None:
-        """Grow the token capacity past the KV size where reservations overstate the cache."""
+    def _tune_tokens(self, interval: HintInterval, now: float) -> None:
+        """Grow the token capacity past the KV size where reservations overstate the cache
+        (a server's projection, where it publishes one, says so better)."""
+        if interval.projected:
+            return
         growth = self.overcommit.growth(interval.kv_per_reserved, interval.kv_peak,
                                         interval.tokens_full, now)
         if growth is not None and self.plan.kv_tokens is not None:
             self._set_tokens(self.kv_factor * growth, "overcommit")
+
+    def _fill_projection(self, hints: LoadHints, now: float) -> None:
+        """Move the token capacity to what the server's projection allows: down at once
+        when the projected peak is over target, up once per growth, after the server runs
+        what the last one let in (until then its projection lacks those requests)."""
+        if self.plan.kv_tokens is None or now < self._cut_until:
+            return
+        tokens = projected_capacity(hints, self.budget.in_flight_tokens,
+                                    self.budget.in_flight_requests, self.plan.kv_tokens)
+        if tokens is None:
+            return
+        if (tokens < self.budget.capacity and not projection_fits(hints)) or (
+                tokens > self.budget.capacity and not self._ramping):
+            self._set_tokens(tokens / self.plan.kv_tokens, "projected")
 
     def _kv_backoff(self, hints: LoadHints, now: float) -> None:
         if now < self._cut_until:
@@ -410,3 +415,4 @@ class AdaptiveBudget:
             self._ramping |= tokens > self.budget.capacity
             self.budget.resize(tokens)
             self.history.append((reason, self.concurrency, tokens))
+

@@ -9,9 +9,16 @@ names how far the token capacity may grow now: towards what would bring the cach
 and a batch's first answers, all young at once, hold little for a while), or up to a
 doubling where the cache has held under ``SHARED_PREFIX_SHARE`` of the reservations for a
 whole round trip (a shared prefix, which the answers' growth hardly changes).
+
+A server that publishes the peak its held work will need (``kv_projected_usage``: every
+request run to ``max_tokens``, blocks given back as requests end, a shared prefix counted
+once) needs no such evidence: ``projected_capacity`` names the capacity at once.
 """
 
 from __future__ import annotations
+
+from pagedserve.client.adaptive_plan import KV_SAFE_SHARE
+from pagedserve.common.load_hints import LoadHints
 
 GROWTH = 1.25
 MAX_GROWTH = 2.0
@@ -20,6 +27,31 @@ KV_SHARE = 0.7  # a cache holding less than this of what is reserved is overstat
 SHARED_PREFIX_SHARE = 0.4
 MIN_FINISHED = 8  # answers seen before reservations may be judged against real use
 SMOOTHING = 0.1
+# The share of the KV cache the server's projected peak may come to: the projection is an
+# upper bound (every request held runs to max_tokens).
+PROJECTED_TARGET = 0.95
+
+
+def projection_fits(hints: LoadHints) -> bool:
+    """Whether the server projects the work it holds to fit under ``PROJECTED_TARGET``."""
+    return hints.kv_projected_usage is not None and (
+        hints.kv_projected_usage <= PROJECTED_TARGET)
+
+
+def projected_capacity(hints: LoadHints, in_flight_tokens: int, in_flight_requests: int,
+                       kv_tokens: int) -> float | None:
+    """The reserved tokens the server's projection allows: what it has seen of ours plus
+    the room its projected peak leaves under target, less where the peak is over it (our
+    reservations then lower to let it come back). Requests on their way (ours in flight
+    past what it runs and queues) are not in its projection yet and count at our mean
+    reservation. Never under ``KV_SAFE_SHARE`` of the cache, which no reservation can
+    overfill. None without a projection."""
+    if hints.kv_projected_usage is None:
+        return None
+    unseen = max(0, in_flight_requests - hints.num_running - hints.num_waiting)
+    seen = in_flight_tokens - unseen * in_flight_tokens / max(1, in_flight_requests)
+    room = (PROJECTED_TARGET - hints.kv_projected_usage) * kv_tokens
+    return max(KV_SAFE_SHARE * kv_tokens, seen + room)
 
 
 class Overcommit:

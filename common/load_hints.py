@@ -2,9 +2,9 @@
 
 Every pagedserve response carries these headers; ``GET /load`` returns the same values
 (and the engine's limits) as JSON under the keys of ``LoadHints``. Other servers send
-none, and clients then fall back to a fixed budget. ``step_ms`` and ``generated_tokens`` are
-newer than the rest: a server that sends the five older headers but not these still counts
-as sending hints, with those two fields None.
+none, and clients then fall back to a fixed budget. ``step_ms``, ``generated_tokens`` and
+``kv_projected_usage`` are newer than the rest: a server that sends the five older headers
+but not these still counts as sending hints, with those fields None.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ HEADER_FREE_TOKENS = "X-PagedServe-Free-Tokens"  # KV token slots free right now
 HEADER_PREEMPTIONS = "X-PagedServe-Num-Preemptions"  # cumulative preemptions since start
 HEADER_STEP_MS = "X-PagedServe-Step-Ms"  # recent engine step time, smoothed, milliseconds
 HEADER_GENERATED = "X-PagedServe-Generated-Tokens"  # cumulative tokens generated since start
+# The most of the KV cache the requests held will need if none stops before max_tokens (a
+# share of the cache; above 1 means a preemption ahead unless some stop early).
+HEADER_KV_PROJECTED = "X-PagedServe-KV-Projected"
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,6 +33,7 @@ class LoadHints:
     num_preemptions: int
     step_ms: float | None = None
     generated_tokens: int | None = None
+    kv_projected_usage: float | None = None
 
     def to_headers(self) -> dict[str, str]:
         headers = {
@@ -43,6 +47,8 @@ class LoadHints:
             headers[HEADER_STEP_MS] = f"{self.step_ms:.3f}"
         if self.generated_tokens is not None:
             headers[HEADER_GENERATED] = str(self.generated_tokens)
+        if self.kv_projected_usage is not None:
+            headers[HEADER_KV_PROJECTED] = f"{self.kv_projected_usage:.4f}"
         return headers
 
     def to_json(self) -> dict[str, float | int | None]:
@@ -55,6 +61,7 @@ class LoadHints:
             return None
         try:
             step_ms, generated = data.get("step_ms"), data.get("generated_tokens")
+            projected = data.get("kv_projected_usage")
             return cls(
                 kv_cache_usage=float(data["kv_cache_usage"]),
                 num_waiting=int(data["num_waiting"]),
@@ -63,6 +70,7 @@ class LoadHints:
                 num_preemptions=int(data["num_preemptions"]),
                 step_ms=None if step_ms is None else float(step_ms),
                 generated_tokens=None if generated is None else int(generated),
+                kv_projected_usage=None if projected is None else float(projected),
             )
         except (KeyError, TypeError, ValueError):
             return None
@@ -79,6 +87,7 @@ class LoadHints:
                 num_preemptions=int(headers[HEADER_PREEMPTIONS]),
                 step_ms=_optional_float(headers.get(HEADER_STEP_MS)),
                 generated_tokens=_optional_int(headers.get(HEADER_GENERATED)),
+                kv_projected_usage=_optional_float(headers.get(HEADER_KV_PROJECTED)),
             )
         except (KeyError, ValueError):
             return None

@@ -71,6 +71,7 @@ def _hints(stats: EngineStats, clock: StepClock | None) -> LoadHints:
         num_preemptions=stats.num_preemptions,
         step_ms=clock.step_ms if clock is not None else None,
         generated_tokens=stats.generation_tokens_total,
+        kv_projected_usage=stats.kv_projected_usage,
     )
 
 

@@ -102,7 +102,7 @@ class AsyncEngine:
         self._stopping = False
         self._failure: BaseException | None = None
         self._failed: asyncio.Event | None = None
-        self._stats = engine.stats()
+        self._stats = engine.stats(with_projection=True)
         self._num_steps = 0
         self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
 
@@ -259,7 +259,7 @@ class AsyncEngine:
                     self._deliver([final])
                 else:
                     self._streams.pop(message[1], None)  # already finished
-                self._stats = self.engine.stats()
+                self._stats = self.engine.stats(with_projection=True)
 
     def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,
                prompt: str | None, cache_salt: str | None, arrival: float) -> None:
@@ -280,7 +280,7 @@ class AsyncEngine:
             raise InjectedStepFailure(f"step {self._num_steps} failed on purpose "
                                       f"({FAIL_STEP_ENV}={self._fail_step})")
         outputs = self.engine.step()
-        self._stats = self.engine.stats()
+        self._stats = self.engine.stats(with_projection=True)
         self._deliver(outputs)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:

@@ -41,11 +41,14 @@ class EngineStats:
     generation_tokens_total: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    # The KV cache the work held will need at most, as a share of it (None: not computed).
+    kv_projected_usage: float | None = None
 
     @classmethod
     def of(cls, scheduler: SchedulerStats, *, prompt_tokens_total: int,
            generation_tokens_total: int, max_num_seqs: int,
-           max_num_batched_tokens: int) -> EngineStats:
+           max_num_batched_tokens: int,
+           kv_projected_usage: float | None = None) -> EngineStats:
         kv = scheduler.kv
         return cls(
             num_running=scheduler.num_running,
@@ -62,4 +65,5 @@ class EngineStats:
             generation_tokens_total=generation_tokens_total,
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
+            kv_projected_usage=kv_projected_usage,
         )

@@ -21,6 +21,7 @@ from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.kv_cache import KVCache, resolve_kv_cache_dtype
+from pagedserve.server.engine.kv_projection import projected_usage
 from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.outputs import RequestOutput
@@ -42,6 +43,8 @@ from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
+# The projected KV peak is computed again at most this often (the load hints carry it).
+PROJECTION_EVERY_S = 0.05
 
 
 class LLMEngine:
@@ -104,6 +107,7 @@ class LLMEngine:
         logger.info("engine ready in %.1f s (kernel compilation %.1f s; --kernel-backend torch "
                     "skips it)", self.startup_seconds, self.compile_seconds)
         self._observers: list[Callable[[StepStats], None]] = []
+        self._projection: tuple[float, float] | None = None  # (when, projected KV usage)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -240,14 +244,25 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def stats(self) -> EngineStats:
+    def stats(self, with_projection: bool = False) -> EngineStats:
+        """The engine's snapshot; ``with_projection`` adds the KV cache its work will need at
+        most (``kv_projection``), computed again once ``PROJECTION_EVERY_S`` has passed: a
+        pass over the running sequences costs about 0.7 ms at 256 of them on a CPU."""
         return EngineStats.of(
             self.scheduler.stats(with_occupancy=False),
+            kv_projected_usage=self._projected_usage() if with_projection else None,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             max_num_seqs=self.scheduler_config.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
         )
+
+    def _projected_usage(self) -> float:
+        now = time.perf_counter()
+        if (self._projection is None or now - self._projection[0] >= PROJECTION_EVERY_S
+                or not self.scheduler.has_unfinished_requests()):  # idle: nothing to scan
+            self._projection = (now, projected_usage(self.scheduler))
+        return self._projection[1]
 
     # -- the step -------------------------------------------------------------------------
 

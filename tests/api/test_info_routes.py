@@ -54,6 +54,7 @@ async def test_load_reports_the_engine_state(server: LiveServer) -> None:
         "total_kv_tokens": 64 * 16,
         "step_ms": server.app[STEP_CLOCK_KEY].step_ms,
         "generated_tokens": stats.generation_tokens_total,
+        "kv_projected_usage": 0.0,  # nothing held, nothing projected
     }
     expected = LoadHints.from_json(body)
     assert expected is not None
@@ -103,3 +104,19 @@ async def test_tokenize_takes_add_special_tokens_as_vllm_does(server: LiveServer
     status, error = await post(server, "/tokenize", {"prompt": text, "add_special_tokens": "no"})
     assert status == 400
     assert error["error"]["param"] == "add_special_tokens"
+
+
+async def test_load_projects_the_kv_a_running_request_will_need(server: LiveServer) -> None:
+    # 400 tokens to come: at least 25 of the cache's 64 blocks of 16 once it runs, far more
+    # than it holds after its first token.
+    body = {"model": MODEL, "prompt": "project", "max_tokens": 400, "ignore_eos": True,
+            "stream": True}
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + "/v1/completions", json=body
+    ) as response:
+        await response.content.readline()  # the first token: the request runs
+        status, load, _ = await get(server, "/load")
+    assert status == 200
+    assert load["num_running"] == 1
+    assert load["kv_projected_usage"] >= 25 / 64
+    assert load["kv_projected_usage"] > load["kv_cache_usage"]
