@@ -107,7 +107,8 @@ class LLMEngine:
         logger.info("engine ready in %.1f s (kernel compilation %.1f s; --kernel-backend torch "
                     "skips it)", self.startup_seconds, self.compile_seconds)
         self._observers: list[Callable[[StepStats], None]] = []
-        self._projection: tuple[float, float] | None = None  # (when, projected KV usage)
+        # (when, the requests held then, the projected KV usage)
+        self._projection: tuple[float, tuple[int, int, int], float] | None = None
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
 
@@ -258,11 +259,14 @@ class LLMEngine:
         )
 
     def _projected_usage(self) -> float:
-        now = time.perf_counter()
-        if (self._projection is None or now - self._projection[0] >= PROJECTION_EVERY_S
-                or not self.scheduler.has_unfinished_requests()):  # idle: nothing to scan
-            self._projection = (now, projected_usage(self.scheduler))
-        return self._projection[1]
+        """Again when the requests held changed in number (an admission or an end moves the
+        projection most) or ``PROJECTION_EVERY_S`` passed; else the last value."""
+        scheduler, now = self.scheduler, time.perf_counter()
+        held = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
+        last = self._projection
+        if last is None or held != last[1] or now - last[0] >= PROJECTION_EVERY_S:
+            self._projection = last = (now, held, projected_usage(scheduler))
+        return last[2]
 
     # -- the step -------------------------------------------------------------------------
 
