@@ -6,9 +6,9 @@ Two limits move, per endpoint:
   throughput is: ``StepCurve`` fits the server's step time against its running count and names
   the concurrency of most tokens per second. The window doubles while doubling pays (a
   start-up, left after two doublings that gained under a quarter, as BBR leaves its own), then grows
-  a quarter at a time; a doubling that lost a tenth of the throughput ends the start-up at
-  once, with a step as far under the window before it as the doubling went over it, and the
-  fit through both sides names the peak. Each growth waits until the server runs the new
+  a quarter at a time; a doubling that lost a tenth of the throughput (at three decisions in
+  a row) ends the start-up, with a step as far under the window before it as the doubling
+  went over it, and the fit through both sides names the peak. Each growth waits until the server runs the new
   window and the curve has samples there. It settles at the fitted peak only once both the fit
   and the samples themselves show the throughput a quarter lower well past it (noise fits
   false summits, and stopping short costs more than going a little past), descending in steps
