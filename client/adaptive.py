@@ -4,23 +4,23 @@ Two limits move, per endpoint:
 
 - the **window**, the requests in flight (``TokenBudget.max_concurrency``), is where the
   throughput is: ``StepCurve`` fits the server's step time against its running count and names
-  the concurrency of most tokens per second. The window doubles while doubling pays (a start-
-  up, left after two doublings that gained under a quarter, as BBR leaves its own), then grows
-  a quarter at a time; a doubling that lost a quarter of the throughput (at three decisions in
-  a row) ends the start-up, with a step as far under the window before it as the doubling went
-  over it, and the fit through both sides names the peak. Each growth waits until the server
-  runs the new window and the curve has samples there. It settles at the fitted peak only once
-  both the fit and the samples themselves show the throughput a quarter lower well past it
-  (noise fits false summits, and stopping short costs more than going a little past),
-  descending in steps when the peak lies below what was measured lately. Samples alone showing
-  such a fall stop any growth. A confirmed peak stands until the throughput measured at it
-  drifts well off what the fit named (the workload changed); then the curve is forgotten and
-  searched again. A queue on the server (its own batch limit) pulls the window back to what
-  runs plus a small refill margin. The curve takes only steady samples: none while the
-  requests a growth let in still queue or prefill on the server (a burst of prefills makes
-  slow steps that the running count's steady state lacks), nor for a few steps after. In the
-  start-up, the next doubling follows as soon as the curve has steady samples at the window,
-  without waiting for the decision interval to end.
+  the concurrency of most tokens per second. The window doubles while doubling pays (a
+  start-up, left after two doublings that gained under a quarter, as BBR leaves its own), then
+  grows a quarter at a time; a doubling that lost a quarter of the throughput (at three
+  decisions in a row) ends the start-up, with a step as far under the window before it as the
+  doubling went over it, and the fit through both sides names the peak. Each growth waits
+  until the server runs the new window and the curve has samples there. It settles at the
+  fitted peak only once both the fit and the samples themselves show the throughput a quarter
+  lower well past it (noise fits false summits, and stopping short costs more than going a
+  little past), descending in steps when the peak lies below what was measured lately. Samples
+  alone showing such a fall stop any growth. A confirmed peak stands until the throughput
+  measured at it drifts well off what the fit named (the workload changed); then the curve is
+  forgotten and searched again. A queue on the server (its own batch limit) pulls the window
+  back to what runs plus a small refill margin. The curve takes only steady samples: none
+  while the requests a growth let in still queue or prefill on the server (a burst of prefills
+  makes slow steps that the running count's steady state lacks), nor for a few steps after. In
+  the start-up, the next doubling follows as soon as the curve has steady samples at the
+  window, without waiting for the decision interval to end.
 - the **token capacity** (``TokenBudget.capacity``) keeps KV memory safe: reservations count
   every prompt token and ``max_tokens``, so reserving at most the server's KV size can never
   preempt. The capacity grows past the KV size only on evidence that reservations overstate
