@@ -43,7 +43,8 @@ from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
-# The projected KV peak is computed again at most this often (the load hints carry it).
+# The projected KV peak is computed again at least this often while the requests held stay
+# the same in number (the load hints carry it).
 PROJECTION_EVERY_S = 0.05
 
 
@@ -247,8 +248,8 @@ class LLMEngine:
 
     def stats(self, with_projection: bool = False) -> EngineStats:
         """The engine's snapshot; ``with_projection`` adds the KV cache its work will need at
-        most (``kv_projection``), computed again once ``PROJECTION_EVERY_S`` has passed: a
-        pass over the running sequences costs about 0.7 ms at 256 of them on a CPU."""
+        most (``kv_projection``; see ``_projected_usage`` for when it is computed again: a
+        pass over the running sequences costs about 0.7 ms at 256 of them on a CPU)."""
         return EngineStats.of(
             self.scheduler.stats(with_occupancy=False),
             kv_projected_usage=self._projected_usage() if with_projection else None,
