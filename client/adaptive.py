@@ -78,7 +78,7 @@ _DESCENT = 0.85  # a descent goes at most this far below the least measured, per
 _KV_BACKOFF = 0.85
 _SHIFT = 0.3  # a throughput this far off the verdict's, at its running count: the curve moved
 _NEAR = 0.15  # samples within this share of the verdict's running count speak for it
-_SETTLE_STEPS = 5  # after a growth, steps (at most an interval) before samples count again
+_SETTLE_STEPS = 8  # after a growth, steps before samples count again
 
 
 class AdaptiveBudget:
@@ -172,7 +172,9 @@ class AdaptiveBudget:
             self._ramping = False
             settle = self.config.interval_s
             if hints.step_ms is not None:
-                settle = min(settle, _SETTLE_STEPS * hints.step_ms / 1000.0)
+                # The server's step time is smoothed over its last few steps: a burst shows
+                # for as many steps, however long each one takes.
+                settle = _SETTLE_STEPS * hints.step_ms / 1000.0
             self._settle_until = now + settle
         return now >= self._settle_until
 
@@ -310,8 +312,12 @@ class AdaptiveBudget:
                 self._lost_at = self.window
                 return self.window / (_STARTUP_GROWTH * _STARTUP_GROWTH), "descend"
             # BBR leaves its start-up after three rounds without a quarter more bandwidth;
-            # on a noisy machine two doublings that paid little are evidence enough.
-            pays_little = doubling is not None and doubling < _DOUBLING_PAYS
+            # on a noisy machine two doublings that paid little are evidence enough, once
+            # the fit bends down short of the window. A curve whose best is still its top
+            # saturates rather than peaks (each sequence added costs less than the one
+            # before): probing it a quarter at a time would spend the batch getting there.
+            pays_little = (doubling is not None and doubling < _DOUBLING_PAYS
+                           and (peak is None or not peak.at_edge))
             self._small_gains = self._small_gains + 1 if pays_little else 0
             self._found_peak |= self._small_gains >= _STARTUP_EXIT
             if not self._found_peak:

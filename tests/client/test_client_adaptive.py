@@ -226,28 +226,52 @@ def test_a_burst_of_prefills_after_growth_is_no_peak():
 
 
 class GentleEngine(FakeEngine):
-    """Step time ``base + c·n``: throughput rises ever more gently, with no peak short of
-    the client's limit (512 here)."""
+    """Step time ``base + c·n`` (plus ``quad_ms·n²``, none unless set): throughput rises ever
+    more gently, with no peak short of the client's limit (2,048 here), as a server's does
+    when each sequence added costs less than the one before."""
+
+    quad_ms = 0.0
 
     def step_ms(self, n: int) -> float:
-        return (self.base_ms + self.c_ms * n) * self.rng.uniform(0.97, 1.03)
+        step = self.base_ms + self.c_ms * n + self.quad_ms * n * n
+        return step * self.rng.uniform(0.97, 1.03)
 
 
-def test_probes_speed_up_while_a_gentle_curve_keeps_paying():
-    # Each doubling gains less (1.24 from 32 to 64, 1.14 to 128, 1.07 to 256), so the
-    # start-up ends at 128 or 256; every probe after still gains a little. A quarter per
-    # probe would take ceil(log(900 / end) / log(1.25)) probes to reach 900; growing further
-    # after each probe that paid, fewer.
+def test_the_start_up_doubles_on_while_the_curve_saturates():
+    # Each doubling gains less (1.24 from 32 to 64, 1.14 to 128, 1.07 to 256): two that
+    # paid under a quarter, yet the fit's best stays at the top of what was measured. A curve
+    # that saturates has no summit to stop short of, so the start-up doubles on instead of
+    # leaving to probe a quarter at a time.
     sim = Simulation(GentleEngine(base_ms=20.0, c_ms=1.0, max_num_seqs=1024))
     while sim.now < 15.0 and sim.controller.concurrency < 900:
         sim.step()
     assert sim.controller.concurrency >= 900
-    history = list(sim.controller.history)
-    end = [window for reason, window, _ in history if reason == "startup"][-1]
+    reasons = [reason for reason, _, _ in sim.controller.history]
+    assert set(reasons) <= {"start", "startup", "projected"}
+    assert reasons.count("startup") == 6  # 16 → 1,024
+
+
+def test_probes_speed_up_while_a_moved_curve_keeps_paying():
+    # Long contexts first (a summit at 15.8), then short ones whose curve saturates: the
+    # controller sees the curve move and explores it from where it runs, in probes. A quarter
+    # per probe would take ceil(log(900 / start) / log(1.25)) probes to reach 900; growing
+    # further after each probe that paid, fewer.
+    engine = GentleEngine(base_ms=20.0, c_ms=1.0, max_num_seqs=1024)
+    engine.quad_ms = 0.08
+    sim = Simulation(engine)
+    sim.run(20.0)
+    engine.quad_ms = 0.0
+    before = len(sim.controller.history)
+    while sim.now < 60.0 and sim.controller.concurrency < 900:
+        sim.step()
+    assert sim.controller.concurrency >= 900
+    history = list(sim.controller.history)[before:]
+    reasons = [reason for reason, _, _ in history]
+    start = history[reasons.index("shift")][1]
     probes = [window for reason, window, _ in history if reason == "probe"]
-    assert probes[0] == int(1.25 * end)  # the first probe goes a quarter past the start-up
+    assert probes[0] == int(1.25 * start)  # the first probe goes a quarter past the start
     assert any(after > 1.3 * before for before, after in itertools.pairwise(probes))
-    assert len(probes) < math.ceil(math.log(900 / end) / math.log(1.25))
+    assert len(probes) < math.ceil(math.log(900 / start) / math.log(1.25))
 
 
 def test_follows_the_peak_when_the_workload_changes():
