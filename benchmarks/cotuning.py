@@ -18,6 +18,11 @@ reserves exactly what it uses (token-id prompts, ``ignore_eos``, ``max_tokens`` 
 length), and each run salts its prompts so no run finds another's prompts in the prefix cache
 (the 5-shot prefix is the same in every run: that is the point of the shape).
 
+``auto`` starts its search where the server measured its best throughput lately (``GET /load``
+publishes it; here the sweep's runs before it measured the curve). The row ``cold`` is
+``auto`` starting as it does on a server that has measured nothing yet, from 16 requests
+(``--no-cold`` leaves it out).
+
 Per shape it prints output tokens per second, p50/p99 request latency (time on the server,
 not in the client's queue), preemptions and 429s for each budget and for ``auto``, with
 ``auto``'s operating point (the mean reserved tokens and requests it kept in flight). Then
@@ -25,7 +30,8 @@ two replicas of different capacity (one limited to ``--small-max-num-seqs`` runn
 sequences) each alone and both behind one pool, on the sharegpt shape; each replica runs on
 cores of its own (``--no-pin`` to share them), as replicas on separate machines would, so the
 client's own work is the only thing the pair shares. The last line is JSON:
-``auto_vs_best_fixed`` per shape and its minimum, and ``two_replicas_vs_sum_of_solo``. With
+``auto_vs_best_fixed`` (and ``cold_auto_vs_best_fixed``) per shape and its minimum, and
+``two_replicas_vs_sum_of_solo``. With
 ``--plots DIR`` it writes one PNG per shape: throughput against the fixed budget, ``auto``'s
 operating point marked.
 """
@@ -47,13 +53,22 @@ from typing import Any
 import numpy as np
 from client_fanout import free_port, running_server, wait_healthy
 
-from pagedserve.client import AsyncClient, BatchRequest, BatchRunner, PoolConfig, build_pool
+from pagedserve.client import (
+    AdaptiveConfig,
+    AsyncClient,
+    BatchRequest,
+    BatchRunner,
+    PoolConfig,
+    build_pool,
+)
+from pagedserve.client.adaptive_plan import DEFAULT_INITIAL_CONCURRENCY
 from pagedserve.client.errors import APIStatusError
 from pagedserve.loadgen.lengths import LengthDistribution
 
 VOCAB = 8192
 SHOTS, SHOT_TOKENS = 5, 64
 VERBOSE = False
+AUTOS = ("auto", "cold")  # the adaptive configurations: warm (the default) and cold start
 
 
 @dataclass(frozen=True)
@@ -156,7 +171,11 @@ async def run_once(urls: list[str], budget: int | str, requests: list[BatchReque
                    label: str | None = None) -> RunResult:
     before = await total_preemptions(urls)
     recorder = Recorder()
-    config = PoolConfig(base_urls=urls, max_inflight_tokens=budget)
+    if budget == "cold":  # auto, started as on a server that has measured nothing yet
+        config = PoolConfig(base_urls=urls, max_inflight_tokens="auto", adaptive=AdaptiveConfig(
+            initial_concurrency=DEFAULT_INITIAL_CONCURRENCY))
+    else:
+        config = PoolConfig(base_urls=urls, max_inflight_tokens=budget)
     async with await build_pool(config) as pool:
         for endpoint in pool.endpoints:
             recorder.wrap(endpoint.client)
@@ -165,7 +184,7 @@ async def run_once(urls: list[str], budget: int | str, requests: list[BatchReque
         results = await BatchRunner(pool).run(requests)
         wall = time.perf_counter() - start
         sampler.cancel()
-        if VERBOSE and budget == "auto":
+        if VERBOSE and budget in AUTOS:
             for endpoint in pool.endpoints:
                 if endpoint.adaptive is not None:
                     print(f"    {endpoint.name}: {list(endpoint.adaptive.history)}")
@@ -219,25 +238,29 @@ def rounds(configs: list[Any], count: int) -> list[Any]:
 
 
 async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
-                      seed: int, num_rounds: int) -> dict[str, Any]:
+                      seed: int, num_rounds: int, cold: bool = True) -> dict[str, Any]:
     print(f"{shape.name}: {shape.requests} requests, {num_rounds} rounds", flush=True)
+    configs: list[int | str] = [*budgets, "auto", *(["cold"] if cold else [])]
     results: dict[str, list[RunResult]] = {}
-    for salt, budget in enumerate(rounds([*budgets, "auto"], num_rounds)):
+    for salt, budget in enumerate(rounds(configs, num_rounds)):
         requests = make_requests(shape, model, seed, salt=seed * 1000 + salt)
         result = await run_once([url], budget, requests)
         results.setdefault(str(budget), []).append(result)
-    runs = [merge(results[str(b)]) for b in [*budgets, "auto"]]
-    for run in runs:
+    runs = {str(b): merge(results[str(b)]) for b in configs}
+    for run in runs.values():
         print_row(run)
-    fixed, auto = runs[:-1], runs[-1]
-    best = max(fixed, key=lambda r: r.tokens_per_s)
-    return {
-        "runs": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in runs],
+    best = max((runs[str(b)] for b in budgets), key=lambda r: r.tokens_per_s)
+    autos = [runs[a] for a in AUTOS if a in runs]
+    data = {
+        "runs": [{**asdict(r), "tokens_per_s": r.tokens_per_s} for r in runs.values()],
         "best_fixed_budget": int(best.budget),
-        "auto_vs_best_fixed": auto.tokens_per_s / best.tokens_per_s,
-        "auto_preemptions": auto.preemptions,
-        "auto_429s": auto.rate_limited,
+        "auto_vs_best_fixed": runs["auto"].tokens_per_s / best.tokens_per_s,
+        "auto_preemptions": sum(r.preemptions for r in autos),
+        "auto_429s": sum(r.rate_limited for r in autos),
     }
+    if cold:
+        data["cold_auto_vs_best_fixed"] = runs["cold"].tokens_per_s / best.tokens_per_s
+    return data
 
 
 async def two_replicas(urls: list[str], model: str, seed: int, num_rounds: int,
@@ -274,13 +297,16 @@ def plot(shape: str, data: dict[str, Any], directory: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fixed = [r for r in data["runs"] if r["budget"] != "auto"]
-    auto = data["runs"][-1]
+    fixed = [r for r in data["runs"] if r["budget"] not in AUTOS]
+    autos = {r["budget"]: r for r in data["runs"] if r["budget"] in AUTOS}
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     ax.plot([int(r["budget"]) for r in fixed], [r["tokens_per_s"] for r in fixed], "o-",
             label="fixed budget")
-    ax.plot([auto["mean_inflight_tokens"]], [auto["tokens_per_s"]], "r*", markersize=14,
-            label="auto (mean tokens in flight)")
+    for name, marker in (("auto", "r*"), ("cold", "kx")):
+        if name in autos:
+            ax.plot([autos[name]["mean_inflight_tokens"]], [autos[name]["tokens_per_s"]],
+                    marker, markersize=14 if name == "auto" else 10,
+                    label=f"{name} (mean tokens in flight)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("in-flight token budget")
     ax.set_ylabel("output tokens / s")
@@ -326,6 +352,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--small-max-num-seqs", type=int, default=8,
                         help="the smaller replica's --max-num-seqs")
     parser.add_argument("--no-replicas", action="store_true")
+    parser.add_argument("--no-cold", dest="cold", action="store_false",
+                        help="leave out auto's cold start (as on a server that has measured "
+                             "nothing yet)")
     parser.add_argument("--replica-requests", type=int, default=400,
                         help="sharegpt requests of the two-replica runs (long enough that "
                              "each replica spends most of it in a steady state)")
@@ -375,7 +404,7 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
         shape = scaled(SHAPES[name], args.quick, args.scale)
         await run_once(urls[:1], 4096, make_requests(shape, model, 99, 99)[:8])  # warm up
         shapes[name] = await sweep_shape(urls[0], model, shape, budgets, args.seed,
-                                         args.rounds)
+                                         args.rounds, args.cold)
         if args.plots is not None:
             print(f"  plot: {plot(name, shapes[name], args.plots)}", flush=True)
     line: dict[str, Any] = {
@@ -387,6 +416,8 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
         "auto_vs_best_fixed": {k: v["auto_vs_best_fixed"] for k, v in shapes.items()},
         "min_auto_vs_best_fixed": min((v["auto_vs_best_fixed"] for v in shapes.values()),
                                       default=None),
+        "cold_auto_vs_best_fixed": {k: v.get("cold_auto_vs_best_fixed")
+                                    for k, v in shapes.items()},
         "auto_preemptions": sum(v["auto_preemptions"] for v in shapes.values()),
         "auto_429s": sum(v["auto_429s"] for v in shapes.values()),
     }

@@ -253,8 +253,11 @@ class AdaptiveBudget:
     def _window_for(
         self, interval: HintInterval, running: float, waiting: float, now: float
     ) -> tuple[float, str]:
-        if waiting > self.plan.waiting_high:
+        admitting = interval.last_running > interval.first_running
+        if waiting > self.plan.waiting_high and not admitting:
             # The server runs what it can (its batch or KV limit); more only queues there.
+            # (Not while its running count still climbs: a burst of arrivals queues for its
+            # prefills a few steps, whatever the server's limits.)
             return running + self.plan.waiting_high, "queue"
         peak = self.curve.peak(now, self.plan.max_concurrency)
         top = max((n for n, _, _ in self.curve.fit_points(now)), default=0)
@@ -373,16 +376,20 @@ class AdaptiveBudget:
 
     def _fill_projection(self, hints: LoadHints, now: float) -> None:
         """Move the token capacity to what the server's projection allows: down at once
-        when the projected peak is over target, up once per growth, after the server runs
-        what the last one let in (until then its projection lacks those requests)."""
+        when the projected peak is over target, up whenever it has room (requests the
+        server has yet to receive count against the room, at their full reservation)."""
         if self.plan.kv_tokens is None or now < self._cut_until:
             return
         tokens = projected_capacity(hints, self.budget.in_flight_tokens,
                                     self.budget.in_flight_requests, self.plan.kv_tokens)
         if tokens is None:
             return
-        if (tokens < self.budget.capacity and not projection_fits(hints)) or (
-                tokens > self.budget.capacity and not self._ramping):
+        budget = self.budget
+        # A raise that lets no more requests in would only mark a growth (and pause the
+        # curve's samples): raise by a mean reservation at least.
+        step = budget.in_flight_tokens / max(1, budget.in_flight_requests)
+        if (tokens < budget.capacity and not projection_fits(hints)) or (
+                tokens >= budget.capacity + step):
             self._set_tokens(tokens / self.plan.kv_tokens, "projected")
 
     def _kv_backoff(self, hints: LoadHints, now: float) -> None:

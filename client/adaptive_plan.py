@@ -83,7 +83,7 @@ def plan_budget(
         # One batch running and the next one queued; without hints, the runner's workers.
         max_concurrency = 2 * seqs if seqs else DEFAULT_MAX_CONCURRENCY
     if kv_tokens:
-        start = config.initial_concurrency or DEFAULT_INITIAL_CONCURRENCY
+        start = config.initial_concurrency or _start_from_best(load)
     else:
         start = config.initial_concurrency or max_concurrency
     waiting_high = config.waiting_high
@@ -98,3 +98,11 @@ def plan_budget(
         waiting_high=waiting_high,
         kv_tokens=kv_tokens or None,
     )
+
+
+def _start_from_best(load: ServerLoad) -> int:
+    """Where the search starts: what is left of the running count at which the server
+    measured its most tokens per second (what others run and queue there is theirs), and
+    never under the default, from which a cold server's search starts."""
+    best = load.best_running or 0
+    return max(DEFAULT_INITIAL_CONCURRENCY, best - load.num_running - load.num_waiting)

@@ -19,9 +19,14 @@ class HintInterval:
     window_full: bool = False
     tokens_full: bool = False
     projected: bool = False  # the server published its projected KV peak
+    first_running: int = 0
+    last_running: int = 0
 
     def add(self, hints: LoadHints, window_full: bool, tokens_full: bool,
             kv_per_reserved: float) -> None:
+        if self.samples == 0:
+            self.first_running = hints.num_running
+        self.last_running = hints.num_running
         self.samples += 1
         self.running += hints.num_running
         self.waiting += hints.num_waiting

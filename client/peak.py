@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pagedserve.common.running_buckets import running_bucket
+
 # How many samples a bucket's average behaves like at most: a new sample moves it by at least
 # 1/_MAX_WEIGHT, so a bucket follows a changed workload instead of averaging over it forever.
 _MAX_WEIGHT = 16.0
@@ -45,11 +47,6 @@ class _Bucket:
     weight: float
     seen_at: float
     first_seen: float
-
-
-def _bucket_key(num_running: int) -> int:
-    """Exact counts up to 16, then about 6% wide: samples pool where they are sparse."""
-    return num_running if num_running <= 16 else 16 + round(math.log(num_running / 16) / 0.06)
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,7 +107,7 @@ class StepCurve:
         return False
 
     def _add(self, num_running: int, step_ms: float, now: float) -> None:
-        key = _bucket_key(num_running)
+        key = running_bucket(num_running)
         bucket = self._buckets.get(key)
         if bucket is None:
             self._buckets[key] = _Bucket(float(num_running), step_ms, 1.0, now, now)

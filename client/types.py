@@ -323,6 +323,8 @@ class ServerLoad:
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
     total_kv_tokens: int | None
+    # The running count at which the server measured its most tokens per second lately.
+    best_running: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ServerLoad:
@@ -338,4 +340,5 @@ class ServerLoad:
             max_num_seqs=optional("max_num_seqs"),
             max_num_batched_tokens=optional("max_num_batched_tokens"),
             total_kv_tokens=optional("total_kv_tokens"),
+            best_running=optional("best_running"),
         )

@@ -2,7 +2,9 @@
 
 The step time comes from a ``StepClock`` that watches the engine's steps: clients read it as
 the delay signal of their in-flight budget (a step's time is each running sequence's time per
-output token), so it is smoothed over the last few steps but never over idle time.
+output token), so it is smoothed over the last few steps but never over idle time. A
+``ThroughputCurve`` watches the same steps, and ``GET /load`` names the running count at which
+they made the most tokens per second (``best_running``), where a client's search can start.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from aiohttp import web
 from pagedserve.common.load_hints import LoadHints
 from pagedserve.server.api.jsonio import json_response
 from pagedserve.server.api.state import ENGINE_KEY
+from pagedserve.server.api.throughput_curve import ThroughputCurve
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine, EngineStats
@@ -53,6 +56,7 @@ class StepClock:
 
 
 STEP_CLOCK_KEY = web.AppKey("step_clock", StepClock)
+THROUGHPUT_CURVE_KEY = web.AppKey("throughput_curve", ThroughputCurve)
 
 
 def track_steps(app: web.Application, engine: AsyncEngine) -> None:
@@ -60,6 +64,9 @@ def track_steps(app: web.Application, engine: AsyncEngine) -> None:
     clock = StepClock()
     engine.add_step_observer(clock)
     app[STEP_CLOCK_KEY] = clock
+    curve = ThroughputCurve()
+    engine.add_step_observer(curve)
+    app[THROUGHPUT_CURVE_KEY] = curve
 
 
 def _hints(stats: EngineStats, clock: StepClock | None) -> LoadHints:
@@ -86,10 +93,14 @@ async def add_load_hints(request: web.Request, response: web.StreamResponse) -> 
 
 async def get_load(request: web.Request) -> web.Response:
     stats = request.app[ENGINE_KEY].stats()
+    curve = request.app.get(THROUGHPUT_CURVE_KEY)
+    best = curve.best() if curve is not None else None
     body = {
         **_hints(stats, request.app.get(STEP_CLOCK_KEY)).to_json(),
         "max_num_seqs": stats.max_num_seqs,
         "max_num_batched_tokens": stats.max_num_batched_tokens,
         "total_kv_tokens": stats.total_kv_tokens,
+        "best_running": None if best is None else best.running,
+        "best_tokens_per_s": None if best is None else round(best.tokens_per_s, 1),
     }
     return json_response(body)

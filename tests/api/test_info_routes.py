@@ -9,7 +9,7 @@ import aiohttp
 from openai import AsyncOpenAI
 
 from pagedserve.common.load_hints import LoadHints
-from pagedserve.server.api.hints import STEP_CLOCK_KEY
+from pagedserve.server.api.hints import STEP_CLOCK_KEY, THROUGHPUT_CURVE_KEY
 from pagedserve.server.api.serving_common import VERSION
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
@@ -46,6 +46,7 @@ async def test_load_reports_the_engine_state(server: LiveServer) -> None:
     server.wait_until(lambda s: s.num_running == 0)
     status, body, headers = await get(server, "/load")
     stats = server.engine.stats()
+    best = server.app[THROUGHPUT_CURVE_KEY].best()
     assert status == 200
     assert body == {
         "kv_cache_usage": 0.0, "num_waiting": 0, "num_running": 0,
@@ -55,6 +56,8 @@ async def test_load_reports_the_engine_state(server: LiveServer) -> None:
         "step_ms": server.app[STEP_CLOCK_KEY].step_ms,
         "generated_tokens": stats.generation_tokens_total,
         "kv_projected_usage": 0.0,  # nothing held, nothing projected
+        "best_running": best.running if best else None,
+        "best_tokens_per_s": round(best.tokens_per_s, 1) if best else None,
     }
     expected = LoadHints.from_json(body)
     assert expected is not None

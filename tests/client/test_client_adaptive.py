@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
@@ -23,6 +24,22 @@ def test_plan_from_load():
         initial_tokens=900, min_tokens=56, max_tokens=4000, initial_concurrency=16,
         max_concurrency=16, waiting_high=2, kv_tokens=1000,
     )
+
+
+def test_plan_starts_where_the_server_measured_its_best():
+    # What others run and queue at the best is theirs; a cold server names no best, and a
+    # best under the default start leaves the default.
+    load = ServerLoad.from_dict({
+        "kv_cache_usage": 0.1, "num_running": 20, "num_waiting": 4, "max_num_seqs": 256,
+        "total_kv_tokens": 100_000, "best_running": 120})
+    assert load.best_running == 120
+    assert plan_budget(AdaptiveConfig(), load, 500, None).initial_concurrency == 96
+    cold = dataclasses.replace(load, best_running=None)
+    assert plan_budget(AdaptiveConfig(), cold, 500, None).initial_concurrency == 16
+    small = dataclasses.replace(load, best_running=30)
+    assert plan_budget(AdaptiveConfig(), small, 500, None).initial_concurrency == 16
+    explicit = AdaptiveConfig(initial_concurrency=8)
+    assert plan_budget(explicit, load, 500, None).initial_concurrency == 8
 
 
 def test_plan_without_hints_is_fixed():
@@ -124,7 +141,9 @@ class Simulation:
             length = self.OUTPUT if self.lengths is None else self.lengths.randint(
                 self.OUTPUT // 2, self.OUTPUT)
             self.queue.append(Request(reservation, length, self.now, self.controller.epoch))
-        started = self.queue[:self.admit_per_step]
+        room = self.engine.max_num_seqs - len(self.running)
+        started = self.queue[:room if self.admit_per_step is None
+                             else min(room, self.admit_per_step)]
         del self.queue[:len(started)]
         self.running += started
         n = len(self.running)
@@ -213,16 +232,22 @@ def test_a_doubling_that_loses_a_quarter_ends_the_start_up(c_ms, settled_by, top
 def test_a_burst_of_prefills_after_growth_is_no_peak():
     # The server starts 4 requests a step, 15 ms of prefill each: right after a doubling
     # the steps are up to 3x slower than the running count's steady state. Taken for that
-    # count's cost, they fit a summit near the start; the peak is at 31.6.
-    engine = FakeEngine(base_ms=20.0, c_ms=0.02)
-    sim = Simulation(engine, admit_per_step=4, prefill_ms=15.0, vary_output=True)
-    sim.run(30.0)
-    _, rate = sim.mean_since(15.0)
+    # count's cost, they fit a summit near the start; the peak is at 31.6. The steps vary by
+    # as much between neighbouring counts, so where the search ends depends on the noise's
+    # draw: four draws, each within a tenth of the steady best, and together within 5%.
     # In a steady state n/37.5 answers end (and as many start) per step, so the peak moves
     # nowhere, while the curve around it flattens: ask for the throughput there.
     steady = max(1000.0 * n / (20.0 + 0.02 * n * n + 15.0 * n / 37.5) for n in range(1, 200))
-    assert rate >= 0.95 * steady
-    assert engine.preemptions == 0
+    rates = []
+    for seed in range(4):
+        engine = FakeEngine(base_ms=20.0, c_ms=0.02)
+        engine.rng = random.Random(seed)
+        sim = Simulation(engine, admit_per_step=4, prefill_ms=15.0, vary_output=True)
+        sim.run(30.0)
+        rates.append(sim.mean_since(15.0)[1])
+        assert engine.preemptions == 0
+    assert min(rates) >= 0.9 * steady
+    assert sum(rates) / len(rates) >= 0.95 * steady
 
 
 class GentleEngine(FakeEngine):
@@ -272,6 +297,28 @@ def test_probes_speed_up_while_a_moved_curve_keeps_paying():
     assert probes[0] == int(1.25 * start)  # the first probe goes a quarter past the start
     assert any(after > 1.3 * before for before, after in itertools.pairwise(probes))
     assert len(probes) < math.ceil(math.log(900 / start) / math.log(1.25))
+
+
+def test_a_server_at_its_batch_limit_gets_a_short_queue():
+    # No peak short of the server's 40 sequences: past them requests only queue there, and
+    # the window comes back to what runs plus the queue the plan allows (2 for 40).
+    engine = GentleEngine(base_ms=20.0, c_ms=1.0, max_num_seqs=40)
+    sim = Simulation(engine)
+    sim.run(10.0)
+    assert "queue" in [reason for reason, _, _ in sim.controller.history]
+    running, _ = sim.mean_since(5.0)
+    assert running >= 39.0
+    assert sim.controller.concurrency <= 40 + 2 + 2
+
+
+def test_a_burst_queued_for_its_prefills_is_no_batch_limit():
+    # 64 requests at once to a server that starts 4 a step: for 16 steps most of them wait,
+    # while the running count climbs. Taken for the server's limit, that queue would pull the
+    # window down to the few running at the first decision.
+    engine = GentleEngine(base_ms=20.0, c_ms=1.0)
+    sim = Simulation(engine, AdaptiveConfig(initial_concurrency=64), admit_per_step=4)
+    sim.run(1.0)
+    assert min(window for _, window, _ in sim.controller.history) == 64
 
 
 def test_follows_the_peak_when_the_workload_changes():
