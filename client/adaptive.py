@@ -75,6 +75,7 @@ class AdaptiveBudget:
         self.history: deque[tuple[str, int, int]] = deque(maxlen=_HISTORY)
         self.history.append(("start", self.concurrency, budget.capacity))
         self._interval = HintInterval()
+        self.observed_at = -math.inf  # when the latest load sample came
         self._next_decision = now + config.interval_s
         self._cut_until = -math.inf
         self._preemptions: int | None = None
@@ -96,6 +97,7 @@ class AdaptiveBudget:
 
     def observe(self, hints: LoadHints, now: float) -> None:
         """A load sample (a response's headers or a ``GET /load``) taken at ``now``."""
+        self.observed_at = now
         if self._steady(hints, now) and hints.step_ms is not None and self.search.observe(
                 hints.num_running, hints.step_ms, now):
             self.history.append(("shift", self.concurrency, self.budget.capacity))

@@ -8,11 +8,12 @@ for an exponential backoff, and takes no new work meanwhile; the failed work is 
 whichever endpoint is free.
 
 An adaptive endpoint is also watched: while it has work in flight the pool reads its
-``GET /load`` every ``load_poll_s``, so its controller sees the server's step time and KV
-headroom several times a second, not only when an answer comes back (a long answer can take
-many seconds). Between endpoints that can both admit a request, an adaptive one with more of
-its window free is preferred: each replica's controller sized that window from what the
-replica itself publishes, so a small replica gets a small share.
+``GET /load`` whenever ``load_poll_s`` passed without an answer bringing the same hints, so its
+controller sees the server's step time and KV headroom several times a second, not only when
+an answer comes back (a long answer can take many seconds), and a server answering many
+requests a second is not asked for more. Between endpoints that can both admit a request, an
+adaptive one with more of its window free is preferred: each replica's controller sized that
+window from what the replica itself publishes, so a small replica gets a small share.
 """
 
 from __future__ import annotations
@@ -139,8 +140,11 @@ class EndpointPool:
         assert endpoint.adaptive is not None and self.load_poll_s is not None
         while True:
             await asyncio.sleep(self.load_poll_s)
-            if endpoint.budget.in_flight_requests == 0 or self._clock() < endpoint.available_at:
+            now = self._clock()
+            if endpoint.budget.in_flight_requests == 0 or now < endpoint.available_at:
                 continue
+            if now - endpoint.adaptive.observed_at < self.load_poll_s:
+                continue  # answers brought hints of their own since the last poll
             with contextlib.suppress(APIError):
                 response = await endpoint.client.request_json("GET", "/load")
                 hints = LoadHints.from_json(response.data)

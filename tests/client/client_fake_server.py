@@ -94,6 +94,7 @@ class FakeOpenAIServer:
         self.max_in_flight_tokens = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.load_calls = 0
         self._server: TestServer | None = None
 
     def app(self) -> web.Application:
@@ -306,6 +307,7 @@ class FakeOpenAIServer:
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     async def _load(self, request: web.Request) -> web.Response:
+        self.load_calls += 1
         return web.Response(body=orjson.dumps(self.load), content_type="application/json")
 
 

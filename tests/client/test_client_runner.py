@@ -5,6 +5,8 @@ import io
 import socket
 from collections import Counter
 
+import pytest
+
 from pagedserve.client import (
     AsyncClient,
     BatchRequest,
@@ -213,6 +215,26 @@ async def test_adaptive_budget_follows_load_hints(serve):
     assert history[0] == ("start", 8, 180)
     assert ("preemption", 4, 162) in history  # half the window, 0.9 of the safe share
     assert server.max_in_flight_tokens <= 180
+
+
+@pytest.mark.parametrize("answered", [False, True], ids=["silent", "answers-bring-hints"])
+async def test_load_is_polled_only_while_answers_bring_no_hints(serve, answered):
+    # The pool's clock stands still: a hint observed "now" stays recent for the whole slow
+    # request, and the watch leaves /load alone; without one it reads /load while it waits.
+    load = {"kv_cache_usage": 0.0, "num_waiting": 0, "num_running": 0,
+            "free_token_capacity": 200, "num_preemptions": 0, "max_num_seqs": 4,
+            "max_num_batched_tokens": 256, "total_kv_tokens": 200}
+    server, url = await serve(load=load, delay=0.4)
+    async with await pool_for([url], tokens="auto") as pool:
+        pool._clock = lambda: 100.0
+        endpoint = pool.endpoints[0]
+        if answered:
+            endpoint.adaptive.observe(LoadHints(0.1, 0, 1, 180, 0), now=100.0)
+        before = server.load_calls
+        results = await BatchRunner(pool).run(requests(1, max_tokens=10))
+    assert all(r.ok for r in results)
+    polls = server.load_calls - before
+    assert polls == 0 if answered else polls >= 1
 
 
 async def test_adaptive_budget_cuts_on_429_without_hints(serve):
