@@ -28,10 +28,12 @@ not in the client's queue), preemptions and 429s for each budget and for ``auto`
 ``auto``'s operating point (the mean reserved tokens and requests it kept in flight). Then
 two replicas of different capacity (one limited to ``--small-max-num-seqs`` running
 sequences) each alone and both behind one pool, on the sharegpt shape; each replica runs on
-cores of its own (``--no-pin`` to share them), as replicas on separate machines would, so the
-client's own work is the only thing the pair shares. The last line is JSON:
-``auto_vs_best_fixed`` (and ``cold_auto_vs_best_fixed``) per shape and its minimum, and
-``two_replicas_vs_sum_of_solo``. With
+cores of its own (``--no-pin`` to share them), as replicas on separate machines would have;
+they still share the machine's memory and caches, so ``apart`` (each replica with a client of
+its own, both at once) shows what the two make side by side, and the pool's run is measured
+against it as well as against the sum of the solo runs. The last line is JSON:
+``auto_vs_best_fixed`` (and ``cold_auto_vs_best_fixed``) per shape and its minimum,
+``two_replicas_vs_sum_of_solo`` and ``two_replicas_vs_apart``. With
 ``--plots DIR`` it writes one PNG per shape: throughput against the fixed budget, ``auto``'s
 operating point marked.
 """
