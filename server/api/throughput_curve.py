@@ -79,10 +79,13 @@ class ThroughputCurve:
         if step.num_decode_tokens == 0:
             return
         wall = step.duration_s + (pause if 0.0 <= pause <= step.duration_s else 0.0)
-        self.add(step.num_decode_tokens, step.num_decode_tokens, wall, end)
+        # Requests, as a client counts what it has in flight: those still running after the
+        # step and those it finished.
+        running = step.num_running + len(step.finished)
+        self.add(running, step.num_decode_tokens, wall, end)
 
     def add(self, num_running: int, tokens: int, seconds: float, now: float) -> None:
-        """One step of ``num_running`` sequences that sampled ``tokens`` in ``seconds``."""
+        """One step of ``num_running`` requests that sampled ``tokens`` in ``seconds``."""
         with self._lock:
             bucket = self._buckets.setdefault(running_bucket(num_running), _Bucket(seen_at=now))
             bucket.fade(now, self.memory_s)

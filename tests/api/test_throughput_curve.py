@@ -65,6 +65,17 @@ def test_a_pause_shorter_than_a_step_counts_and_an_idle_engine_does_not():
     assert curve.best() == BestRunning(10, pytest.approx(500.0))
 
 
+def test_a_step_counts_the_requests_it_ran_and_the_tokens_it_sampled():
+    # Two requests of n=4 each, one finishing in the step: 8 tokens from 2 requests.
+    clock = Clock()
+    curve = ThroughputCurve(memory_s=math.inf, clock=clock)
+    for _ in range(20):
+        clock.now += 0.04
+        curve(StepStats(num_prefill_tokens=0, num_decode_tokens=8, duration_s=0.04,
+                        num_preempted=0, num_running=1, num_waiting=3, finished=[object()]))
+    assert curve.best() == BestRunning(2, pytest.approx(200.0))
+
+
 def test_old_measurements_fade_and_steps_that_sampled_nothing_are_left_out():
     clock = Clock()
     curve = ThroughputCurve(memory_s=60.0, clock=clock)
