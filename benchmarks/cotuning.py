@@ -359,7 +359,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="requests per shape, as a multiple of the default: a batch of "
                              "10-20 s (the default) weighs the start-up of auto's search "
                              "several times more than a batch three times as long")
-    parser.add_argument("--budgets", default="4096,8192,16384,32768,65536")
+    parser.add_argument("--budgets", default="4096,8192,16384,32768,65536,131072")
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--num-kv-blocks", type=int, default=1536,
