@@ -224,11 +224,11 @@ class AdaptiveBudget:
         server has yet to receive count against the room, at their full reservation)."""
         if self.plan.kv_tokens is None or now < self._cut_until:
             return
-        tokens = projected_capacity(hints, self.budget.in_flight_tokens,
-                                    self.budget.in_flight_requests, self.plan.kv_tokens)
+        budget = self.budget
+        tokens = projected_capacity(hints, budget.in_flight_tokens, budget.in_flight_requests,
+                                    self.plan.kv_tokens)
         if tokens is None:
             return
-        budget = self.budget
         # A raise that lets no more requests in would only mark a growth (and pause the
         # curve's samples): raise by a mean reservation at least.
         step = budget.in_flight_tokens / max(1, budget.in_flight_requests)

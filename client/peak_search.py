@@ -93,7 +93,7 @@ class PeakSearch:
             # prefills a few steps, whatever the server's limits.)
             return running + self.waiting_high, "queue"
         peak = self.curve.peak(now, self.max_concurrency)
-        top = max((n for n, _, _ in self.curve.fit_points(now)), default=0)
+        top = self.top(now)
         # A peak counts once the curve has been seen well past it and falling there: noise
         # over a few running counts fits a false summit, and stopping short of the real one
         # costs far more throughput than going a little past it.
