@@ -19,6 +19,15 @@ import torch
 import torch.nn.functional as F
 
 
+def _check_one_device(**tensors: torch.Tensor) -> None:
+    """Raises ValueError unless every tensor is on the first one's device: a kernel that read a
+    pointer from another device would crash the process, not fail."""
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        where = ", ".join(f"{name} on {device}" for name, device in devices.items())
+        raise ValueError(f"paged attention needs all its inputs on one device, got {where}")
+
+
 def _check_common(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -26,6 +35,8 @@ def _check_common(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
 ) -> None:
+    _check_one_device(query=query, key_cache=key_cache, value_cache=value_cache,
+                      block_tables=block_tables, seq_lens=seq_lens)
     if key_cache.dim() != 4 or key_cache.shape != value_cache.shape:
         raise ValueError(
             "key_cache and value_cache must both be [num_blocks, block_size, num_kv_heads, "
@@ -231,6 +242,7 @@ def paged_attention_prefill(
     cached context included (chunked prefill, prefix hits) → [T, H, D]. ``decode`` (default
     :func:`paged_attention_decode`) computes the rows with q_len 1."""
     _check_common(query, key_cache, value_cache, block_tables, seq_lens)
+    _check_one_device(query=query, query_start_loc=query_start_loc)
     decode = decode or paged_attention_decode
     query_lens = _query_lens(query_start_loc, seq_lens, query.shape[0]).long()
     single = query_lens == 1

@@ -12,9 +12,10 @@ from cpu_attention_cases import (
     SCALE,
     check_bad_decode_input,
     check_prefill_with_prefix_hits,
+    cpu_paged_kv,
     cpu_queries,
 )
-from triton_cases import assert_matches, build_paged_kv, naive_decode
+from triton_cases import assert_matches, naive_decode
 
 from pagedserve.kernels import compiled_attention
 from pagedserve.kernels.dispatch import has_cpp_compiler
@@ -29,7 +30,7 @@ pytestmark = pytest.mark.skipif(not has_cpp_compiler(), reason="inductor needs a
 ])
 def test_decode_matches_reference(block_size, dtype, num_heads, num_kv_heads):
     seq_lens = [1, block_size - 1, block_size, block_size + 1, 3 * block_size + 2, 5]
-    kv = build_paged_kv(seq_lens, num_kv_heads, 64, block_size, dtype)
+    kv = cpu_paged_kv(seq_lens, num_kv_heads, 64, block_size, dtype)
     query = cpu_queries(len(seq_lens), num_heads, 64, dtype)
     args = (query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
 
@@ -42,7 +43,7 @@ def test_decode_matches_reference(block_size, dtype, num_heads, num_kv_heads):
 
 def test_ragged_batch_and_a_batch_of_one():
     # 3 vs 300 positions: padding would waste > 2x, so the batch runs as length groups.
-    kv = build_paged_kv([3, 300, 17], 2, 64, 16, torch.float32)
+    kv = cpu_paged_kv([3, 300, 17], 2, 64, 16, torch.float32)
     query = cpu_queries(3, 8, 64, torch.float32)
     out = compiled_attention.paged_attention_decode(
         query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)

@@ -13,9 +13,10 @@ from cpu_attention_cases import (
     SCALE,
     check_bad_decode_input,
     check_prefill_with_prefix_hits,
+    cpu_paged_kv,
     cpu_queries,
 )
-from triton_cases import assert_matches, build_paged_kv, naive_decode
+from triton_cases import assert_matches, naive_decode
 
 from pagedserve.common.cache_dir import CACHE_ENV
 from pagedserve.kernels import cpu_attention, cpu_parallel, native_build
@@ -23,7 +24,7 @@ from pagedserve.kernels import cpu_attention, cpu_parallel, native_build
 pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
 
 def _decode(seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype):
-    kv = build_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype)
+    kv = cpu_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype)
     query = cpu_queries(len(seq_lens), num_heads, head_dim, dtype)
     args = (query, kv.key_cache, kv.value_cache, kv.block_tables, kv.seq_lens, SCALE)
     return cpu_attention.paged_attention_decode(*args), query, kv, args
@@ -51,7 +52,7 @@ def test_a_float32_query_over_a_bfloat16_cache(block_size, num_heads, num_kv_hea
     # A float32 model may keep its KV cache in bfloat16: the kernel reads the bfloat16 rows
     # and computes in float32, so it matches float32 math over the same (rounded) values.
     seq_lens = [1, block_size + 1, 3 * block_size + 2, 5]
-    kv = build_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, torch.bfloat16)
+    kv = cpu_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, torch.bfloat16)
     query = cpu_queries(len(seq_lens), num_heads, head_dim, torch.float32)
     out = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache,
                                                kv.block_tables, kv.seq_lens, SCALE)
@@ -75,7 +76,7 @@ def test_a_ragged_batch_split_across_threads(threads):
 
 
 def test_a_batch_of_one():
-    kv = build_paged_kv([3, 300, 17], 2, 64, 16, torch.float32)
+    kv = cpu_paged_kv([3, 300, 17], 2, 64, 16, torch.float32)
     query = cpu_queries(3, 8, 64, torch.float32)
     one = cpu_attention.paged_attention_decode(
         query[1:2], kv.key_cache, kv.value_cache, kv.block_tables[1:2], kv.seq_lens[1:2], SCALE)
@@ -86,7 +87,7 @@ def test_the_step_layout_follows_tables_and_lengths_rewritten_in_place():
     # Every layer of a step passes the same tables and lengths, and the kernel derives its
     # layout from them once; a caller that rewrites them in place between calls must be
     # served the new ones.
-    kv = build_paged_kv([40, 7, 33], 2, 64, 16, torch.float32)
+    kv = cpu_paged_kv([40, 7, 33], 2, 64, 16, torch.float32)
     query = cpu_queries(3, 8, 64, torch.float32)
     tables, lens = kv.block_tables.clone(), kv.seq_lens.clone()
     first = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache, tables,
