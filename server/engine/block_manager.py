@@ -207,6 +207,8 @@ class BlockManager:
         """New blocks for all of ``seqs``' uncomputed tokens. Of the w sequences writing into a
         block with r references only the first min(w, r - 1) copy it: the last one left
         owns the original."""
+        if len(seqs) == 1:  # one writer: the per-block count is the plain rule
+            return self._num_blocks_to_append(seqs[0], pool, seqs[0].num_tokens)
         writers: Counter[int] = Counter()
         num_grown = 0
         for seq in seqs:

@@ -197,12 +197,16 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
             cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
+        bad_words = self.bad_words_token_ids(params)
+        # The final params and the bad words' ids, once: the sampler does not check them again.
+        validate_token_ids(params, self.model_config.vocab_size, self._eos_token_id(),
+                           bad_words)
         seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size,
                        text=self.outputs.text_state(prompt_token_ids, params))
         group = SequenceGroup(
             request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
             cache_salt=cache_salt, prompt=prompt, eos_token_id=self._eos_token_id(),
-            bad_words_token_ids=self.bad_words_token_ids(params),
+            bad_words_token_ids=bad_words,
             beam=self._beam_state(params, len(prompt_token_ids)),
         )
         self.scheduler.add_seq_group(group)

@@ -12,7 +12,6 @@ stop strings or building one request's output ends that request with ``finish_re
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -114,7 +113,7 @@ class OutputProcessor:
     def _request_output(self, group: SequenceGroup, outputs: list[CompletionOutput],
                         finished: bool, error: str | None = None) -> RequestOutput:
         # A snapshot: the request's own record keeps changing after this output is sent.
-        metrics = copy.copy(group.metrics)
+        metrics = group.metrics.snapshot()
         if finished:
             metrics.finished_time = time.monotonic()
         return RequestOutput(

@@ -46,6 +46,13 @@ class RequestMetrics:
     finished_time: float | None = None
     num_preemptions: int = 0
 
+    def snapshot(self) -> RequestMetrics:
+        """A copy (the request's own record keeps changing); ``copy.copy`` of a slotted
+        dataclass takes several times as long, once per request per step."""
+        return RequestMetrics(self.arrival_time, self.first_scheduled_time,
+                              self.first_token_time, self.last_token_time,
+                              self.finished_time, self.num_preemptions)
+
     @property
     def queue_time(self) -> float | None:
         if self.first_scheduled_time is None:

@@ -154,6 +154,8 @@ class Scheduler(SchedulerUpdates):
         return True
 
     def _schedule_swapped(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        if not self.swapped:
+            return
         num_seqs = self.num_running_seqs()
         while self.swapped:
             seq_group = self.swapped[0]
@@ -174,6 +176,8 @@ class Scheduler(SchedulerUpdates):
             num_seqs += width
 
     def _schedule_waiting(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        if not self.waiting:
+            return
         num_seqs = self.num_running_seqs()
         while self.waiting:
             seq_group = self.waiting[0]

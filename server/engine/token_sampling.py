@@ -137,7 +137,8 @@ class TokenSampler:
                             eos_token_id=g.eos_token_id,
                             bad_words_token_ids=g.bad_words_token_ids)
                 for s, g, seed in zip(seqs, groups, seeds)]
-        return SamplingMetadata.build(rows, self.vocab_size, device)
+        # The engine checked each request's ids when it arrived (LLMEngine.add_request).
+        return SamplingMetadata.build(rows, self.vocab_size, device, check_rows=False)
 
     def _draw(self, draws: list[Draw], logits: torch.Tensor) -> list[SampledToken]:
         params = [d.group.sampling_params for d in draws]

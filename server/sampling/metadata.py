@@ -71,14 +71,18 @@ class SamplingMetadata:
 
     @classmethod
     def build(
-        cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str
+        cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device | str,
+        check_rows: bool = True,
     ) -> SamplingMetadata:
-        """Validate the rows against the vocabulary and pack them for one step."""
+        """Validate the rows against the vocabulary and pack them for one step.
+        ``check_rows=False`` skips the per-row id checks, for a caller that made them once
+        when each request arrived (the engine does, every step would repeat them)."""
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be at least 1, got {vocab_size}")
         device = torch.device(device)
-        for row in rows:
-            _check_row(row, vocab_size)
+        if check_rows:
+            for row in rows:
+                _check_row(row, vocab_size)
         greedy = [row.params.sampling_type is not SamplingType.RANDOM for row in rows]
         columns = _Columns([r.params for r in rows], greedy, vocab_size, device)
         penalties = (columns.repetition, columns.presence, columns.frequency)

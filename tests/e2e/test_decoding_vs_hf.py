@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pagedserve.server import LLM, BeamSearchParams, SamplingParams
+from pagedserve.server.errors import InvalidRequestError
 from tests.checkpoints import load_hf_model
 
 EOS = 2
@@ -191,3 +192,16 @@ def test_bad_words_are_never_generated(llm: LLM, llama: tuple) -> None:
     assert [first] in llm.engine.bad_words_token_ids(params)
     assert first not in out.token_ids
     assert out.token_ids != base.token_ids
+
+
+def test_bad_words_outside_the_vocabulary_are_refused_on_arrival(
+        llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A tokenizer larger than the model's vocabulary: the sampler does not check ids each
+    # step, so the request must be refused before it is scheduled.
+    vocab = llm.engine.model_config.vocab_size
+    monkeypatch.setattr(llm.engine, "bad_words_token_ids", lambda params: [[5, vocab]])
+    params = SamplingParams(temperature=0.0, max_tokens=4, bad_words=["x"])
+    with pytest.raises(InvalidRequestError,
+                       match=rf"^bad_words must hold token ids in \[0, {vocab}\), got {vocab}$"):
+        llm.engine.add_request("outside", [7, 8, 9], params)
+    assert not llm.engine.has_unfinished_requests()
