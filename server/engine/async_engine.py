@@ -284,13 +284,18 @@ class AsyncEngine:
         self._deliver(outputs)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """Hands the step's outputs to the event loop in one wake-up: one per request would
+        write the loop's wake-up pipe hundreds of times a step at a large batch."""
+        delivery = []
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
             if output.finished:
                 self._streams.pop(output.request_id, None)
-            self._loop.call_soon_threadsafe(stream.put, output)
+            delivery.append((stream, output))
+        if delivery:
+            self._loop.call_soon_threadsafe(_put_all, delivery)
 
     def _send(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.pop(request_id, None)
@@ -300,6 +305,11 @@ class AsyncEngine:
     def _fail_all(self, exc: BaseException) -> None:
         for request_id in list(self._streams):
             self._send(request_id, exc)
+
+
+def _put_all(delivery: list[tuple[RequestStream, RequestOutput]]) -> None:
+    for stream, output in delivery:
+        stream.put(output)
 
 
 def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
