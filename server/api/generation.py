@@ -10,7 +10,8 @@ lets the server end a batch from outside (graceful shutdown past its timeout).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterable, AsyncIterator
+import functools
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from pagedserve.server.api.metrics import ServerMetrics
@@ -35,7 +36,6 @@ class GenerationBatch:
         self._last_token_time: list[float | None] = []
         self._params: list[SamplingParams] = []
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._pumps: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> GenerationBatch:
         self._active.add(self)
@@ -43,8 +43,6 @@ class GenerationBatch:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self._active.discard(self)
-        for task in self._pumps:
-            task.cancel()
         self._abort_unfinished()
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -70,9 +68,8 @@ class GenerationBatch:
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """``(prompt index, cumulative output)`` pairs until every request has finished."""
-        self._pumps = [
-            asyncio.create_task(self._pump(i, stream)) for i, stream in enumerate(self._streams)
-        ]
+        for index, stream in enumerate(self._streams):
+            stream.deliver_to(functools.partial(self._receive, index))
         # An interrupt empties ``_unfinished`` but leaves its error queued for us to raise.
         while self._unfinished or not self._queue.empty():
             index, item = await self._queue.get()
@@ -89,14 +86,8 @@ class GenerationBatch:
             finals[index] = output
         return [f for f in finals if f is not None]
 
-    async def _pump(self, index: int, stream: AsyncIterable[RequestOutput]) -> None:
-        try:
-            async for output in stream:
-                self._queue.put_nowait((index, output))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._queue.put_nowait((index, exc))
+    def _receive(self, index: int, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait((index, item))
 
     def _observe(self, index: int, output: RequestOutput) -> None:
         last = output.metrics.last_token_time
