@@ -2,7 +2,8 @@
 
 Builds the random-weight Llama of issue 15 (hidden 512, 8 layers, 8 heads, 4 KV heads,
 intermediate 1408, vocab 8192, float32) and runs a decode-heavy batch (64 prompts x 128 in,
-64 out) greedy and sampled (temperature 0.8, top_p 0.9). The engine's step time is split into
+64 out; ``--num-prompts`` for a larger batch, all running at once) greedy and sampled
+(temperature 0.8, top_p 0.9). The engine's step time is split into
 the forward (``ModelRunner.execute`` + ``compute_logits``) and everything else (scheduling,
 input packing, sampling, output processing), over the decode-only steps.
 
@@ -54,12 +55,14 @@ def timed(fn, bucket: list[float]):
     return wrapper
 
 
-def run_once(model_dir: str, sampled: bool, profile: bool) -> dict:
+def run_once(model_dir: str, sampled: bool, profile: bool, num_prompts: int) -> dict:
     from pagedserve.server import LLM, SamplingParams
 
+    # Room for every sequence's 192 tokens (12 blocks) at once, and the 1,200 blocks of the
+    # default batch.
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="float32", block_size=16,
-              num_kv_blocks=1200, max_model_len=512, max_num_seqs=64,
-              max_num_batched_tokens=2048)
+              num_kv_blocks=max(1200, 13 * num_prompts), max_model_len=512,
+              max_num_seqs=num_prompts, max_num_batched_tokens=2048)
     forward: list[float] = []
     runner = llm.engine.runner
     runner.execute = timed(runner.execute, forward)
@@ -76,7 +79,7 @@ def run_once(model_dir: str, sampled: bool, profile: bool) -> dict:
     llm.engine.add_step_observer(observe)
     gen = torch.Generator().manual_seed(1)
     prompts = [{"prompt_token_ids": torch.randint(0, 8192, (128,), generator=gen).tolist()}
-               for _ in range(64)]
+               for _ in range(num_prompts)]
     params = SamplingParams(temperature=0.8 if sampled else 0.0, top_p=0.9 if sampled else 1.0,
                             max_tokens=64, ignore_eos=True)
     profiler = cProfile.Profile() if profile else None
@@ -133,13 +136,14 @@ def child(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     if args.src:
         sys.meta_path.insert(0, CheckoutFinder(Path(args.src)))
-    result = run_once(args.model_dir, args.sampled, args.profile)
+    result = run_once(args.model_dir, args.sampled, args.profile, args.num_prompts)
     print(json.dumps(result))
 
 
-def spawn(model_dir: str, src: str | None, sampled: bool, threads: int) -> dict:
+def spawn(model_dir: str, src: str | None, sampled: bool, threads: int,
+          num_prompts: int) -> dict:
     cmd = [sys.executable, __file__, "--child", "--model-dir", model_dir,
-           "--threads", str(threads)]
+           "--threads", str(threads), "--num-prompts", str(num_prompts)]
     cmd += ["--src", src] if src else []
     cmd += ["--sampled"] if sampled else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -151,8 +155,10 @@ def compare(args: argparse.Namespace, model_dir: str) -> dict:
     for sampled in (False, True):
         runs: dict[str, list[dict]] = {"baseline": [], "current": []}
         for _ in range(args.repeats):
-            runs["baseline"].append(spawn(model_dir, args.baseline, sampled, args.threads))
-            runs["current"].append(spawn(model_dir, None, sampled, args.threads))
+            runs["baseline"].append(spawn(model_dir, args.baseline, sampled, args.threads,
+                                          args.num_prompts))
+            runs["current"].append(spawn(model_dir, None, sampled, args.threads,
+                                         args.num_prompts))
         best = {k: min(v, key=lambda r: r["wall_s"]) for k, v in runs.items()}
         name = "sampled" if sampled else "greedy"
         for k, r in best.items():
@@ -172,6 +178,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (0: torch's default); on a machine shared with other "
                              "jobs, more threads than idle cores make the forward erratic")
+    parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--sampled", action="store_true")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -185,14 +192,16 @@ def main() -> None:
         if args.profile:
             if args.threads:
                 torch.set_num_threads(args.threads)
-            print(json.dumps(run_once(model_dir, args.sampled, profile=True)))
+            print(json.dumps(run_once(model_dir, args.sampled, True, args.num_prompts)))
             return
-        result = {"load": os.getloadavg()[0], "threads": args.threads}
+        result = {"load": os.getloadavg()[0], "threads": args.threads,
+                  "num_prompts": args.num_prompts}
         if args.baseline:
             result.update(compare(args, model_dir))
         else:
-            result.update({"greedy": spawn(model_dir, None, False, args.threads),
-                           "sampled": spawn(model_dir, None, True, args.threads)})
+            result.update({
+                "greedy": spawn(model_dir, None, False, args.threads, args.num_prompts),
+                "sampled": spawn(model_dir, None, True, args.threads, args.num_prompts)})
         print(json.dumps(result))
 
 
