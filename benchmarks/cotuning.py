@@ -275,7 +275,7 @@ async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
         # The winner's sweep figure is the largest of several noisy ones, so it overstates
         # the budget (the winner's curse). Measured again beside auto, fresh prompts, both
         # in alternating rounds, it is what a user who hand-tuned the budget would get.
-        contenders = [best.budget, *(a for a in AUTOS if a in runs)]
+        contenders = [int(best.budget), *(a for a in AUTOS if a in runs)]
         versus = await held_out(url, model, shape, contenders, seed, confirm_rounds)
         versus["best"] = versus.pop(str(best.budget))
         data["confirmation"] = [{**asdict(r), "tokens_per_s": r.tokens_per_s}
