@@ -43,7 +43,7 @@ line is JSON: ``auto_vs_best_fixed`` (and ``cold_auto_vs_best_fixed``) per shape
 minimum, the same ``_in_sweep``, ``two_replicas_vs_sum_of_solo`` and
 ``two_replicas_vs_apart``. With
 ``--plots DIR`` it writes one PNG per shape: throughput against the fixed budget, ``auto``'s
-operating point marked.
+operating point marked, and the held-out runs of the winner and ``auto`` beside them.
 """
 
 from __future__ import annotations
