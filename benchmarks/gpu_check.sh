@@ -11,6 +11,7 @@
 #
 #   bash benchmarks/gpu_check.sh            # python3 with torch (CUDA), triton, transformers
 #   STEPS="tests throughput" bash benchmarks/gpu_check.sh
+#   TESTS="tests/e2e/test_*.py" FILE_LIMIT=240 STEPS=tests bash benchmarks/gpu_check.sh
 set -uo pipefail
 
 out=${OUT:-gpu-results}
@@ -43,11 +44,11 @@ run_tests() {  # one pytest process per file: a crash in one file does not hide 
     local rc=0 file log
     # The files whose code runs differently with CUDA present; the CPU backends' own tests
     # (test_cpu_*, test_compiled_attention) pass on a GPU machine too, at CI's pace.
-    for file in tests/kernels/test_triton_*.py tests/kernels/test_reference_*.py \
-        tests/sampling/test_sampling_cuda.py tests/e2e/test_*.py
-    do
+    local files=${TESTS:-tests/kernels/test_triton_*.py tests/kernels/test_reference_*.py
+        tests/sampling/test_sampling_cuda.py tests/e2e/test_*.py}
+    for file in $files; do
         log=$(mktemp)
-        timeout --kill-after=10 120 "$py" -m pytest -q -p no:cacheprovider -o addopts= \
+        timeout --kill-after=10 "${FILE_LIMIT:-120}" "$py" -m pytest -q -p no:cacheprovider -o addopts= \
             -rfE --tb=short "$file" >"$log" 2>&1 || rc=1
         echo "$file: $(grep -E '(passed|failed|error|skipped)' "$log" | tail -n 1)"
         grep -E '^(FAILED|ERROR)|Fatal Python error' "$log"

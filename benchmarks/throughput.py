@@ -115,6 +115,11 @@ def run_hf(model_dir: Path, work: list[tuple[list[int], int]], batch_size: int,
     return {"tok_s": tokens / elapsed, "seconds": elapsed, "tokens": tokens}
 
 
+def print_row(system: str, result: dict, batch: str) -> None:
+    print(f"{system:<28}{result['tok_s']:>10.1f}{result['seconds']:>10.1f}{batch:>12}",
+          flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--num-requests", type=int, default=200)
@@ -140,21 +145,19 @@ def main() -> None:
     # The KV budget: room for max_num_seqs requests of the mean length when paged.
     mean_tokens = float(np.mean([i + o for i, o in lengths]))
     num_kv_blocks = int(max_num_seqs * mean_tokens / 16 * 1.2)
+    # Each row is printed as soon as its run ends, so a run cut short keeps what it measured.
+    print(f"{'system':<28}{'tok/s':>10}{'seconds':>10}{'mean batch':>12}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_checkpoint(Path(tmp), hidden, layers, vocab)
         paged = run_pagedserve(model_dir, work, "paged", num_kv_blocks, max_model_len,
                                max_num_seqs, device, dtype)
+        print_row("pagedserve (paged)", paged, f"{paged['mean_running']:.1f}")
         contiguous = run_pagedserve(model_dir, work, "contiguous", num_kv_blocks,
                                     max_model_len, max_num_seqs, device, dtype)
+        print_row("pagedserve (contiguous)", contiguous, f"{contiguous['mean_running']:.1f}")
         hf_batch = max(1, round(paged["mean_running"]))
         hf = run_hf(model_dir, work, hf_batch, device, dtype)
-    print(f"{'system':<28}{'tok/s':>10}{'seconds':>10}{'mean batch':>12}")
-    print(f"{'pagedserve (paged)':<28}{paged['tok_s']:>10.1f}{paged['seconds']:>10.1f}"
-          f"{paged['mean_running']:>12.1f}")
-    print(f"{'pagedserve (contiguous)':<28}{contiguous['tok_s']:>10.1f}"
-          f"{contiguous['seconds']:>10.1f}{contiguous['mean_running']:>12.1f}")
-    print(f"{'transformers generate':<28}{hf['tok_s']:>10.1f}{hf['seconds']:>10.1f}"
-          f"{hf_batch:>12d}")
+        print_row("transformers generate", hf, str(hf_batch))
     print("pagedserve (paged) step time: " + ", ".join(
         f"{k} {v:.0%}" for k, v in paged["step_phase_share"].items()))
     print(json.dumps({

@@ -12,8 +12,14 @@ class BlockPool:
 
     A block is *used* while its ref count is positive and *free* otherwise; a free block may
     still be *cached* (it keeps its hash and can be revived by :meth:`incref`) until
-    :meth:`allocate` reuses it, which evicts it from the cache. Reuse order is the free queue's:
-    uncached blocks first, then cached blocks least recently freed first.
+    :meth:`allocate` reuses it, which evicts it from the cache. Reuse order: freed uncached
+    blocks first (the free queue's head), then blocks never used yet in id order, then cached
+    blocks least recently freed first (the free queue's tail).
+
+    A block's bookkeeping object is made when the block is first allocated: ``blocks`` holds
+    the blocks used so far, ids ``0 .. len(blocks) - 1``, and the rest of the ``num_blocks``
+    are free and cache nothing. A small model on a large GPU has tens of millions of blocks,
+    and making them all up front took the engine's start-up minutes.
     """
 
     def __init__(self, num_blocks: int, *, enable_caching: bool = False,
@@ -22,24 +28,37 @@ class BlockPool:
             raise ValueError(f"num_blocks must be non-negative, got {num_blocks}")
         self.name = name
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(block_id) for block_id in range(num_blocks)]
-        self.free_queue = FreeBlockQueue(self.blocks)
+        self._num_blocks = num_blocks
+        self.blocks: list[KVCacheBlock] = []
+        self.free_queue = FreeBlockQueue()
         self.cached_blocks: dict[BlockHash, KVCacheBlock] = {}
         self.num_evictions = 0
         self._num_cached_free = 0
 
     @property
     def num_blocks(self) -> int:
-        return len(self.blocks)
+        return self._num_blocks
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks with no reference, cached ones included (allocating evicts them)."""
-        return len(self.free_queue)
+        return len(self.free_queue) + self.num_unused_blocks
+
+    @property
+    def num_unused_blocks(self) -> int:
+        """Blocks never allocated yet."""
+        return self._num_blocks - len(self.blocks)
 
     @property
     def num_used_blocks(self) -> int:
         return len(self.blocks) - len(self.free_queue)
+
+    def free_block_ids(self) -> list[int]:
+        """Every free block, in the order :meth:`allocate` would take them."""
+        queue = list(self.free_queue)
+        split = next((i for i, b in enumerate(queue) if b.block_hash is not None), len(queue))
+        return [b.block_id for b in queue[:split]] + list(
+            range(len(self.blocks), self._num_blocks)) + [b.block_id for b in queue[split:]]
 
     @property
     def num_cached_blocks(self) -> int:
@@ -55,7 +74,12 @@ class BlockPool:
 
     def allocate(self) -> int:
         """Take the next free block (evicting its cache entry, if any) with one reference."""
-        if not self.free_queue:
+        head = self.free_queue.peek()
+        if (head is None or head.block_hash is not None) and len(self.blocks) < self._num_blocks:
+            block = KVCacheBlock(len(self.blocks), ref_cnt=1)
+            self.blocks.append(block)
+            return block.block_id
+        if head is None:
             raise BlockAllocationError(
                 f"{self.name} pool is out of blocks (all {self.num_blocks} are in use)")
         block = self.free_queue.popleft()
@@ -122,8 +146,11 @@ class BlockPool:
         self.num_evictions += 1
 
     def _get(self, block_id: int) -> KVCacheBlock:
-        if not isinstance(block_id, int) or not 0 <= block_id < len(self.blocks):
+        """The block's bookkeeping; a block never used yet gets a throwaway free one."""
+        if not isinstance(block_id, int) or not 0 <= block_id < self._num_blocks:
             raise BlockAllocationError(
                 f"unknown {self.name} block id {block_id!r} "
-                f"(the pool has {len(self.blocks)} blocks)")
-        return self.blocks[block_id]
+                f"(the pool has {self._num_blocks} blocks)")
+        if block_id < len(self.blocks):
+            return self.blocks[block_id]
+        return KVCacheBlock(block_id)

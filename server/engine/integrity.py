@@ -80,8 +80,10 @@ def _check_seq(seq: Sequence, block_size: int) -> None:
 
 
 def _check_pool(pool: BlockPool, refs: Counter[int]) -> None:
-    unknown = set(refs) - set(range(pool.num_blocks))
-    _require(not unknown, f"{pool.name} block tables hold unknown ids {sorted(unknown)}")
+    unknown = sorted(b for b in refs if not (isinstance(b, int) and 0 <= b < pool.num_blocks))
+    _require(not unknown, f"{pool.name} block tables hold unknown ids {unknown}")
+    unused = sorted(b for b in refs if b not in unknown and b >= len(pool.blocks))
+    _require(not unused, f"{pool.name} block tables hold ids never allocated {unused}")
     for block in pool.blocks:
         expected = refs.get(block.block_id, 0)
         _require(block.ref_cnt == expected, f"{pool.name} block {block.block_id} has ref_cnt "
@@ -92,9 +94,10 @@ def _check_pool(pool: BlockPool, refs: Counter[int]) -> None:
             _require(pool.cached_blocks.get(block.block_hash) is block,
                      f"{pool.name} block {block.block_id} has a hash the cache maps elsewhere")
     queue = list(pool.free_queue)
-    _require(len(queue) == len(pool.free_queue) == pool.num_blocks - len(refs),
+    freed = len(pool.blocks) - len(refs)
+    _require(len(queue) == len(pool.free_queue) == freed,
              f"{pool.name} free queue holds {len(queue)} blocks, counts {len(pool.free_queue)}, "
-             f"{pool.num_blocks - len(refs)} are unreferenced")
+             f"{freed} of the blocks used so far are unreferenced")
     cached = [block for block in pool.blocks if block.block_hash is not None]
     _require(len(cached) == len(pool.cached_blocks),
              f"{pool.name} cache maps {len(pool.cached_blocks)} hashes, {len(cached)} blocks")

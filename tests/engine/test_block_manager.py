@@ -224,3 +224,14 @@ def test_integrity_check_catches_a_leak_and_a_dangling_table() -> None:
     bm.device_pool.free(1)
     with pytest.raises(AssertionError, match="device block 1 has ref_cnt 0"):
         bm.check_integrity([seq])
+
+
+def test_integrity_check_catches_a_table_holding_a_block_never_allocated() -> None:
+    bm = BlockManager(BS, 4, 0)
+    seq = running(bm, 5)  # blocks 0 and 1
+    seq.block_table.append(3)
+    with pytest.raises(AssertionError, match=r"device block tables hold ids never allocated \[3\]"):
+        bm.check_integrity([seq])
+    seq.block_table[-1] = 9
+    with pytest.raises(AssertionError, match=r"device block tables hold unknown ids \[9\]"):
+        bm.check_integrity([seq])

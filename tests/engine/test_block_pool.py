@@ -127,7 +127,7 @@ def test_eviction_is_lru_and_tail_of_chain_first() -> None:
         pool.free(block_id)
     for block_id in reversed(b):
         pool.free(block_id)
-    assert ids(pool.free_queue) == [5, 2, 1, 0, 4, 3]
+    assert pool.free_block_ids() == [5, 2, 1, 0, 4, 3]
     allocated = [pool.allocate() for _ in range(6)]
     assert allocated == [5, 2, 1, 0, 4, 3]
     assert pool.num_evictions == 5 and pool.num_cached_blocks == 0
@@ -139,7 +139,7 @@ def test_freed_uncached_block_goes_before_cached_ones() -> None:
     pool.cache_block(cached, chain([1])[0])
     pool.free(cached)
     pool.free(plain)
-    assert ids(pool.free_queue) == [plain, cached]
+    assert pool.free_block_ids() == [plain, cached]
 
 
 def test_hash_collision_is_never_a_hit() -> None:
@@ -178,3 +178,29 @@ def test_cannot_cache_a_free_block() -> None:
     with pytest.raises(BlockAllocationError) as info:
         pool.cache_block(0, chain([1])[0])
     assert str(info.value) == "cannot cache free device block 0"
+
+
+def test_never_used_blocks_come_after_freed_uncached_and_before_cached_ones() -> None:
+    pool = cached_pool(5)
+    a, b, _ = (pool.allocate() for _ in range(3))  # 0, 1, 2; blocks 3 and 4 never used
+    pool.cache_block(a, chain([7])[0])
+    pool.free(a)  # cached: reused last
+    pool.free(b)  # caches nothing: reused first
+    assert pool.free_block_ids() == [1, 3, 4, 0]
+    assert (pool.num_free_blocks, pool.num_used_blocks, pool.num_unused_blocks) == (4, 1, 2)
+    assert [pool.allocate() for _ in range(4)] == [1, 3, 4, 0]
+    assert pool.num_evictions == 1 and pool.num_cached_blocks == 0
+
+
+def test_a_huge_pool_makes_its_blocks_as_they_are_first_used() -> None:
+    # A small model on a large GPU: tens of millions of blocks, none made at start-up.
+    pool = BlockPool(50_000_000)
+    assert (len(pool.blocks), pool.num_free_blocks, pool.num_used_blocks) == (0, 50_000_000, 0)
+    assert [pool.allocate() for _ in range(2)] == [0, 1]
+    assert len(pool.blocks) == 2 and pool.ref_cnt(49_999_999) == 0
+    with pytest.raises(BlockAllocationError) as info:
+        pool.cache_block(1234, chain([1])[0])
+    assert str(info.value) == "cannot cache free device block 1234"
+    with pytest.raises(BlockAllocationError) as info:
+        pool.free(49_999_999)
+    assert str(info.value) == "double free of device block 49999999"

@@ -123,7 +123,7 @@ def test_swap_in_packs_into_the_new_device_blocks() -> None:
     assert out.preempted == ["c"] and out.blocks_to_swap_out == [(0, 0), (1, 1)]
     assert pack(out) == Packed([91], [8], [0], [9], [0, 1], [[2, 3, 0]])
     finish_step(scheduler, out, token=92)  # b is done: blocks 2, 3 and 0 are free again
-    assert [b.block_id for b in scheduler.block_manager.device_pool.free_queue] == [2, 3, 0, 1]
+    assert scheduler.block_manager.device_pool.free_block_ids() == [2, 3, 0, 1]
     out = scheduler.schedule()
     assert out.blocks_to_swap_in == [(0, 2), (1, 3)]
     # c decodes the token it sampled before the swap (91) at position 8, in a new block 0.
