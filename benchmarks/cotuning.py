@@ -112,6 +112,9 @@ class RunResult:
     rate_limited: int
     mean_inflight_tokens: float
     mean_inflight_requests: float
+    # CPU seconds of this benchmark's own process (the client) during the run; runs made at
+    # the same time each count all of it.
+    client_cpu_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -190,9 +193,9 @@ async def run_once(urls: list[str], budget: int | str, requests: list[BatchReque
         for endpoint in pool.endpoints:
             recorder.wrap(endpoint.client)
         sampler = asyncio.create_task(recorder.sample(pool))
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         results = await BatchRunner(pool).run(requests)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         sampler.cancel()
         if VERBOSE and budget in AUTOS:
             for endpoint in pool.endpoints:
@@ -211,6 +214,7 @@ async def run_once(urls: list[str], budget: int | str, requests: list[BatchReque
         rate_limited=recorder.rate_limited,
         mean_inflight_tokens=float(np.mean([s[0] for s in busy])),
         mean_inflight_requests=float(np.mean([s[1] for s in busy])),
+        client_cpu_s=cpu,
     )
 
 
@@ -218,7 +222,8 @@ def print_row(r: RunResult) -> None:
     print(f"  {r.budget:>8}  {r.tokens_per_s:8.1f} tok/s  p50 {r.p50_ms:8.0f} ms  "
           f"p99 {r.p99_ms:8.0f} ms  preempt {r.preemptions:4d}  429s {r.rate_limited:3d}  "
           f"errors {r.errors}  in flight {r.mean_inflight_tokens:7.0f} tok "
-          f"/ {r.mean_inflight_requests:5.1f} req", flush=True)
+          f"/ {r.mean_inflight_requests:5.1f} req  client CPU {r.client_cpu_s / r.wall_s:4.0%}",
+          flush=True)
 
 
 def merge(runs: list[RunResult]) -> RunResult:
@@ -235,6 +240,7 @@ def merge(runs: list[RunResult]) -> RunResult:
         rate_limited=sum(r.rate_limited for r in runs),
         mean_inflight_tokens=float(np.mean([r.mean_inflight_tokens for r in runs])),
         mean_inflight_requests=float(np.mean([r.mean_inflight_requests for r in runs])),
+        client_cpu_s=sum(r.client_cpu_s for r in runs),
     )
 
 
