@@ -31,7 +31,9 @@ sequences) each alone and both behind one pool, on the sharegpt shape; each repl
 cores of its own (``--no-pin`` to share them), as replicas on separate machines would have;
 they still share the machine's memory and caches, so ``apart`` (each replica with a client of
 its own, both at once) shows what the two make side by side, and the pool's run is measured
-against it as well as against the sum of the solo runs.
+against it as well as against the sum of the solo runs. ``core_pairing.py`` then measures the
+same share for the bare machine: a matmul loop pinned to each replica's core, alone and both
+at once (``two_replicas.core_pairing`` in the JSON).
 
 The sweep's best budget is the largest of several noisy figures, so its figure overstates
 what that budget makes (the winner's curse: on this 2-core machine fixed budgets holding the
@@ -62,6 +64,7 @@ from typing import Any
 
 import numpy as np
 from client_fanout import free_port, running_server, wait_healthy
+from core_pairing import core_pairing
 
 from pagedserve.client import (
     AdaptiveConfig,
@@ -502,6 +505,15 @@ async def main_async(args: argparse.Namespace, urls: list[str], processes: list)
     if len(urls) > 1:
         replicas = await two_replicas(urls, model, args.seed, args.rounds,
                                       args.replica_requests)
+        if all(args.cores):
+            # The machine's own share for two busy cores, measured right after the replicas
+            # (the servers idle): the pair cannot beat it by much, whatever the pool does.
+            pairing = await asyncio.to_thread(
+                core_pairing, tuple(min(c) for c in args.cores[:2]))
+            replicas["core_pairing"] = pairing
+            print(f"  two cores busy at once (a matmul loop on each, no server): "
+                  f"{pairing['together_vs_sum_alone']:.2f} of the sum of each alone",
+                  flush=True)
         line["two_replicas"] = replicas
         line["two_replicas_vs_sum_of_solo"] = replicas["two_replicas_vs_sum_of_solo"]
         line["two_replicas_vs_apart"] = replicas["two_replicas_vs_apart"]
