@@ -68,11 +68,13 @@ class KernelOps:
 @dataclass(frozen=True, slots=True)
 class LinearPacking:
     """Prepacked linear layers: ``supports(dtype)``, ``pack(weight [out, in]) -> packed`` and
-    ``linear(x, packed, bias | None) -> y``."""
+    ``linear(x, packed, bias | None) -> y``. Weights of fewer than ``min_elements`` elements
+    stay dense (``F.linear``)."""
 
     supports: Callable[[torch.dtype], bool]
     pack: Callable[[torch.Tensor], torch.Tensor]
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    min_elements: int = 0
 
 
 TORCH_OPS = KernelOps(
@@ -122,7 +124,7 @@ def _inductor_ops() -> KernelOps:
         swap_blocks=cache_ops.swap_blocks,
         warm_up=compiled_attention.warm_up,
         linear_packing=LinearPacking(cpu_linear.supports, cpu_linear.pack_weight,
-                                     cpu_linear.linear),
+                                     cpu_linear.linear, cpu_linear.MIN_PACKED_ELEMENTS),
         reads_other_cache_dtypes=True,
     )
 

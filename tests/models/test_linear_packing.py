@@ -68,6 +68,34 @@ def test_nothing_is_packed_for_a_dtype_the_backend_refuses(llama_checkpoint):
                for layer in _projections(model))
 
 
+def test_weights_below_the_threshold_stay_dense_and_the_logits_still_match(llama_checkpoint):
+    from tests.checkpoints import load_hf_model
+
+    model, config = load_model(llama_checkpoint, dtype="float32", kernel_ops=TORCH_OPS)
+    layers = _projections(model)
+    sizes = {id(layer): layer.weight.numel() for layer in layers}
+    threshold = sorted(set(sizes.values()))[-2]  # the two largest sizes pack, the rest not
+    expected = [layer for layer in layers if sizes[id(layer)] >= threshold]
+    assert 0 < len(expected) < len(layers)
+    packing = dataclasses.replace(PACKING, min_elements=threshold)
+    assert pack_linear_layers(model, packing) == len(expected)
+    for layer in layers:
+        if sizes[id(layer)] >= threshold:
+            assert layer.weight is None and layer.packed.is_mkldnn
+        else:
+            assert layer.packed is None and layer.weight.numel() == sizes[id(layer)]
+    prompts = _prompts(config.vocab_size)
+    logits = PagedHarness(model, config).step(list(prompts.items()))
+    hf = load_hf_model(llama_checkpoint)
+    for (seq, prompt), ours in zip(prompts.items(), logits, strict=True):
+        torch.testing.assert_close(ours, hf_logits(hf, prompt), atol=ATOL, rtol=0, msg=str(seq))
+
+
+def test_the_cpu_backend_leaves_small_weights_dense():
+    packing = get_kernel_ops("cpu", "cpu").linear_packing
+    assert packing.min_elements == cpu_linear.MIN_PACKED_ELEMENTS == 256 * 256
+
+
 def test_only_the_cpu_backend_packs():
     assert get_kernel_ops("cpu", "torch").linear_packing is None
     assert get_kernel_ops("cpu", "inductor").linear_packing is not None
