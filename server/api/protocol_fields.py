@@ -16,6 +16,9 @@ from pagedserve.server.errors import InvalidRequestError
 _MAX_SHOWN = 80
 
 
+_BEYOND_64_BITS = 2.0**63  # orjson parses integers outside [-2**63, 2**64) as floats
+
+
 def show(value: Any) -> str:
     """``value`` as JSON text, shortened for an error message."""
     try:
@@ -72,6 +75,10 @@ class Fields:
         if value is None:
             return default
         if not is_int(value):
+            if isinstance(value, float) and abs(value) >= _BEYOND_64_BITS:
+                # JSON integers too large for 64 bits arrive as floats: out of range,
+                # not of the wrong type.
+                _check_range(self._prefix + name, value, minimum, maximum)
             raise type_error(self._prefix + name, "an integer", value)
         _check_range(self._prefix + name, value, minimum, maximum)
         return value
@@ -146,8 +153,10 @@ class Fields:
         return value
 
 
-def _check_range(name: str, value: int, minimum: int | None, maximum: int | None) -> None:
+def _check_range(name: str, value: float, minimum: int | None, maximum: int | None) -> None:
     if minimum is not None and value < minimum:
-        raise InvalidRequestError(f"{name} must be at least {minimum}, got {value}", param=name)
+        raise InvalidRequestError(f"{name} must be at least {minimum}, got {show(value)}",
+                                  param=name)
     if maximum is not None and value > maximum:
-        raise InvalidRequestError(f"{name} must be at most {maximum}, got {value}", param=name)
+        raise InvalidRequestError(f"{name} must be at most {maximum}, got {show(value)}",
+                                  param=name)

@@ -71,3 +71,18 @@ async def test_too_wide_a_request_names_the_field_that_widened_it(server: LiveSe
         server.base_url + "/v1/completions", json=body
     ) as response:
         assert (response.status, await response.json()) == (400, expected)
+
+
+@pytest.mark.parametrize(("seed", "shown"), [
+    ("18446744073709551616", "1.8446744073709552e+19"),  # 2**64: parsed as a float
+    ("9223372036854775808", "9223372036854775808"),  # 2**63: still an integer
+])
+async def test_a_seed_beyond_64_bits_is_out_of_range_not_of_the_wrong_type(
+        server: LiveServer, seed: str, shown: str) -> None:
+    body = b'{"model": "tiny-test", "prompt": "x", "max_tokens": 1, "seed": %s}' % seed.encode()
+    async with aiohttp.ClientSession() as session, session.post(
+            server.base_url + "/v1/completions", data=body,
+            headers={"Content-Type": "application/json"}) as response:
+        assert response.status == 400
+        assert await response.json() == error(
+            f"seed must be at most 9223372036854775807, got {shown}", "seed")

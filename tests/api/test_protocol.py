@@ -51,6 +51,8 @@ def test_bad_prompt_shapes(prompt: object) -> None:
         ({"stream": 1}, "stream", "stream must be a boolean, got 1"),
         ({"stop": [1]}, "stop", "stop must be a string or a list of strings, got [1]"),
         ({"seed": -1}, "seed", "seed must be at least 0, got -1"),
+        ({"seed": 1.5}, "seed", "seed must be an integer, got 1.5"),
+        ({"seed": -1e19}, "seed", "seed must be at least 0, got -1e+19"),
         ({"logit_bias": {"x": 1}}, "logit_bias",
          'logit_bias keys must be token ids (non-negative integers), got "x"'),
         ({"suffix": "end"}, "suffix", "suffix is not supported by this server"),
