@@ -7,9 +7,11 @@ read (what inductor's freezing pass and vLLM's CPU backend do): measured here 1.
 faster at 64 rows and about 3x at 7 rows for float32, 1.1-2x for bfloat16.
 
 A packed call has a fixed cost of about 15 µs on top of the product (measured on a 2-core
-AMD EPYC VM, float32), where ``F.linear`` on a small weight takes 3-6 µs at a few rows: below
-``MIN_PACKED_ELEMENTS`` (a 256 × 256 weight) packing loses at up to 32 rows and at best ties at
-64-256 (128 × 256 at one row: 18 µs packed, 4.5 µs dense), so such weights stay dense.
+AMD EPYC VM). In float32, ``F.linear`` on a small weight takes 3-6 µs at a few rows: below
+``MIN_PACKED_F32_ELEMENTS`` (a 256 × 256 weight) packing loses at up to 32 rows and at best
+ties at 64-256 (128 × 256 at one row: 18 µs packed, 4.5 µs dense), so such weights stay dense
+(``worth_packing``). In bfloat16 ``F.linear`` costs more than the packed call at every size
+measured (128 × 256 at one row: 24 µs dense, 16 µs packed), so every bfloat16 weight is packed.
 
 ``pack_weight`` returns an opaque ``torch._mkldnn`` tensor that only ``linear`` reads; the
 dense weight can be dropped after packing. Results differ from ``F.linear`` by float rounding
@@ -22,7 +24,7 @@ import functools
 
 import torch
 
-MIN_PACKED_ELEMENTS = 1 << 16
+MIN_PACKED_F32_ELEMENTS = 1 << 16
 
 _DTYPE_CHECKS = {
     torch.float32: lambda: True,
@@ -44,6 +46,11 @@ def supports(dtype: torch.dtype) -> bool:
     except RuntimeError:
         return False
     return bool((out == 8).all())
+
+
+def worth_packing(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` runs faster packed (see the module doc)."""
+    return weight.dtype != torch.float32 or weight.numel() >= MIN_PACKED_F32_ELEMENTS
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:

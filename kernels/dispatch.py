@@ -68,13 +68,13 @@ class KernelOps:
 @dataclass(frozen=True, slots=True)
 class LinearPacking:
     """Prepacked linear layers: ``supports(dtype)``, ``pack(weight [out, in]) -> packed`` and
-    ``linear(x, packed, bias | None) -> y``. Weights of fewer than ``min_elements`` elements
-    stay dense (``F.linear``)."""
+    ``linear(x, packed, bias | None) -> y``. A weight that ``worth_packing(weight)`` turns
+    down stays dense (``F.linear``); without it every weight is packed."""
 
     supports: Callable[[torch.dtype], bool]
     pack: Callable[[torch.Tensor], torch.Tensor]
     linear: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
-    min_elements: int = 0
+    worth_packing: Callable[[torch.Tensor], bool] | None = None
 
 
 TORCH_OPS = KernelOps(
@@ -124,7 +124,7 @@ def _inductor_ops() -> KernelOps:
         swap_blocks=cache_ops.swap_blocks,
         warm_up=compiled_attention.warm_up,
         linear_packing=LinearPacking(cpu_linear.supports, cpu_linear.pack_weight,
-                                     cpu_linear.linear, cpu_linear.MIN_PACKED_ELEMENTS),
+                                     cpu_linear.linear, cpu_linear.worth_packing),
         reads_other_cache_dtypes=True,
     )
 

@@ -254,16 +254,16 @@ class ParallelLMHead(PackableLinear):
 
 
 def pack_linear_layers(model: nn.Module, packing: LinearPacking | None) -> int:
-    """Prepacks every projection of ``model`` whose weight has at least
-    ``packing.min_elements`` elements, when the backend packs its dtype on its device; returns
-    how many it packed."""
+    """Prepacks every projection of ``model`` whose weight ``packing.worth_packing`` accepts,
+    when the backend packs its dtype on its device; returns how many it packed."""
     layers = [m for m in model.modules() if isinstance(m, PackableLinear) and m.weight is not None]
     if packing is None or not layers:
         return 0
     weight = layers[0].weight
     if weight.device.type != "cpu" or not packing.supports(weight.dtype):
         return 0
-    chosen = [layer for layer in layers if layer.weight.numel() >= packing.min_elements]
+    worth = packing.worth_packing
+    chosen = [layer for layer in layers if worth is None or worth(layer.weight)]
     for layer in chosen:
         layer.pack(packing)
     return len(chosen)

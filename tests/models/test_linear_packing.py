@@ -77,7 +77,7 @@ def test_weights_below_the_threshold_stay_dense_and_the_logits_still_match(llama
     threshold = sorted(set(sizes.values()))[-2]  # the two largest sizes pack, the rest not
     expected = [layer for layer in layers if sizes[id(layer)] >= threshold]
     assert 0 < len(expected) < len(layers)
-    packing = dataclasses.replace(PACKING, min_elements=threshold)
+    packing = dataclasses.replace(PACKING, worth_packing=lambda w: w.numel() >= threshold)
     assert pack_linear_layers(model, packing) == len(expected)
     for layer in layers:
         if sizes[id(layer)] >= threshold:
@@ -91,9 +91,14 @@ def test_weights_below_the_threshold_stay_dense_and_the_logits_still_match(llama
         torch.testing.assert_close(ours, hf_logits(hf, prompt), atol=ATOL, rtol=0, msg=str(seq))
 
 
-def test_the_cpu_backend_leaves_small_weights_dense():
-    packing = get_kernel_ops("cpu", "cpu").linear_packing
-    assert packing.min_elements == cpu_linear.MIN_PACKED_ELEMENTS == 256 * 256
+@pytest.mark.parametrize(("dtype", "shape", "packed"), [
+    (torch.float32, (256, 255), False),
+    (torch.float32, (256, 256), True),
+    (torch.bfloat16, (8, 8), True),
+])
+def test_the_cpu_backend_packs_small_weights_only_in_bfloat16(dtype, shape, packed):
+    worth = get_kernel_ops("cpu", "cpu").linear_packing.worth_packing
+    assert worth(torch.zeros(shape, dtype=dtype)) is packed
 
 
 def test_only_the_cpu_backend_packs():
