@@ -230,7 +230,11 @@ class SequenceGroup:
         self.seqs.remove(self.find(seq_id))
 
     def max_num_running_seqs(self) -> int:
-        """Sequences this request may run at once: forks still to come count already."""
+        """Sequences this request may run at once: forks still to come count already. A
+        ``best_of > 1`` request forks when it samples its first token, so its forks are to
+        come exactly while it has none (counting ``best_of > len(seqs)`` instead would count
+        them again once a forked sequence is dropped)."""
         params = self.sampling_params
-        width = params.best_of if params.use_beam_search or params.best_of > len(self.seqs) else 1
+        forks_to_come = params.best_of > 1 and self.seqs[0].num_output_tokens == 0
+        width = params.best_of if params.use_beam_search or forks_to_come else 1
         return max(width, self.num_unfinished_seqs())

@@ -82,6 +82,16 @@ def test_max_num_running_seqs(params: SamplingParams, num_seqs: int, expected: i
     assert group.max_num_running_seqs() == expected
 
 
+def test_a_forked_request_that_lost_a_sequence_has_no_forks_to_come() -> None:
+    # best_of 4 forked on its first token, then one sequence was dropped: 3 can run, not 4.
+    seqs = [Sequence(i, [1], 4) for i in range(4)]
+    for seq in seqs:
+        seq.append_token(7, 0.0)
+    group = SequenceGroup("r", seqs, SamplingParams(n=2, best_of=4), 0.0)
+    group.remove(2)
+    assert group.max_num_running_seqs() == 3
+
+
 def test_allocation_policies() -> None:
     paged = PagedAllocation(16)
     contiguous = ContiguousAllocation(16, max_model_len=2048)
