@@ -158,8 +158,7 @@ async def _prefix(spec: DatasetSpec, num_prompts: int, rng: np.random.Generator,
 async def _synthetic(name: str, num_prompts: int, rng: np.random.Generator,
                      builder: PromptBuilder) -> list[SampleRequest]:
     workload = SYNTHETIC_WORKLOADS[name]
-    input_lens = workload.input.sample(rng, num_prompts).tolist()
-    output_lens = workload.output.sample(rng, num_prompts).tolist()
+    input_lens, output_lens = workload.sample_pairs(rng, num_prompts)
     prompts = await builder.build(input_lens)
     return _samples(prompts, input_lens, output_lens)
 

@@ -184,6 +184,11 @@ async def test_startup_log(model_dir: Path) -> None:
         "maximum concurrency for 512 tokens per request: 1.50x",
         f"listening on {url}",
     ]
+    # The start-up heap (torch, the model, the engine) leaves the garbage collector's view.
+    frozen = re.fullmatch(r"start-up heap frozen: (\d+) objects out of the garbage "
+                          r"collector's view \((\d+\.\d\d) s\)", logged[6])
+    assert frozen is not None, logged
+    assert int(frozen[1]) > 50_000
 
 
 def test_help_never_shows_the_api_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -81,11 +81,24 @@ async def test_synthetic_workloads_have_exact_lengths() -> None:
                          [("sharegpt-like", 161, 338), ("alpaca-like", 19, 58)])
 def test_synthetic_length_means_match_the_paper(name: str, mean_in: int, mean_out: int) -> None:
     workload = SYNTHETIC_WORKLOADS[name]
-    rng = np.random.default_rng(0)
-    inputs, outputs = workload.input.sample(rng, 20000), workload.output.sample(rng, 20000)
+    inputs, outputs = map(np.array, workload.sample_pairs(np.random.default_rng(0), 20000))
     assert inputs.mean() == pytest.approx(mean_in, rel=0.03)
     assert outputs.mean() == pytest.approx(mean_out, rel=0.03)
     assert np.median(outputs) < outputs.mean()  # a right tail, as in the paper's histograms
+
+
+def test_sharegpt_like_pairs_fit_a_2048_token_model() -> None:
+    # As the ShareGPT loader drops pairs over 2,048 tokens in all, the synthetic shape draws
+    # them again: each request fits a 2,048-token context (the means: the test above).
+    workload = SYNTHETIC_WORKLOADS["sharegpt-like"]
+    rng = np.random.default_rng(0)
+    unfiltered = workload.input.sample(rng, 20000) + workload.output.sample(rng, 20000)
+    assert (unfiltered > 2048).sum() > 100  # the filter has pairs to drop
+    inputs, outputs = workload.sample_pairs(np.random.default_rng(0), 20000)
+    assert len(inputs) == len(outputs) == 20000
+    assert max(i + o for i, o in zip(inputs, outputs, strict=True)) <= 2048
+    assert workload.sample_pairs(np.random.default_rng(5), 50) == \
+        workload.sample_pairs(np.random.default_rng(5), 50)
 
 
 async def test_server_tokenizer_lengths_count_its_bos(serve) -> None:
