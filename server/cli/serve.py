@@ -154,8 +154,8 @@ async def serve(config: ServerConfig, access_log: bool = True, freeze_heap: bool
             logger.info("%s", line)
         if freeze_heap:
             seconds = freeze_startup_heap()
-            logger.info("start-up heap frozen: %d objects out of the garbage collector's "
-                        "view (%.2f s)", gc.get_freeze_count(), seconds)
+            logger.info("start-up heap frozen: %s objects out of the garbage collector's "
+                        "view (%.2f s)", f"{gc.get_freeze_count():,}", seconds)
         for url in urls:
             # A line on stdout that launchers (and tests, with --port 0) can wait for.
             print(f"pagedserve: serving on {url}", flush=True)
