@@ -36,6 +36,26 @@ _IGNORED = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ChatFraming:
+    """How the prompt ends after the messages, as in vLLM: the template's opening of a new
+    assistant turn (``add_generation_prompt``, on by default), or the last message left open
+    for the model to continue (``continue_final_message``); not both."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+def read_chat_framing(fields: Fields) -> ChatFraming:
+    framing = ChatFraming(fields.boolean("add_generation_prompt", True),
+                          fields.boolean("continue_final_message", False))
+    if framing.add_generation_prompt and framing.continue_final_message:
+        raise InvalidRequestError("continue_final_message and add_generation_prompt cannot "
+                                  "both be true: set add_generation_prompt to false to "
+                                  "continue the last message", param="continue_final_message")
+    return framing
+
+
 @dataclass(slots=True)
 class ChatCompletionRequest:
     model: str
@@ -46,7 +66,7 @@ class ChatCompletionRequest:
     continuous_usage: bool
     logprobs: bool
     top_logprobs: int | None
-    add_generation_prompt: bool
+    framing: ChatFraming
     sampling: dict[str, Any]
 
 
@@ -73,7 +93,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         continuous_usage=continuous_usage,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        add_generation_prompt=fields.boolean("add_generation_prompt", True),
+        framing=read_chat_framing(fields),
         sampling=read_sampling_fields(fields),
     )
     _read_response_format(fields)

@@ -11,7 +11,11 @@ from pagedserve.server.api.errors import invalid_request
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
 from pagedserve.server.api.logprobs import chat_logprobs, vllm_prompt_logprobs
-from pagedserve.server.api.protocol_chat import ChatCompletionRequest, parse_chat_request
+from pagedserve.server.api.protocol_chat import (
+    ChatCompletionRequest,
+    ChatFraming,
+    parse_chat_request,
+)
 from pagedserve.server.api.serving_common import (
     Serving,
     StreamTracker,
@@ -31,11 +35,13 @@ CHUNK_OBJECT = "chat.completion.chunk"
 ROLE = "assistant"
 
 
-def encode_chat(serving: Serving, messages: list[Any], add_generation_prompt: bool,
+def encode_chat(serving: Serving, messages: list[Any], framing: ChatFraming,
                 add_special_tokens: bool = False) -> tuple[str, list[int]]:
     """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
     tokenizer = serving.tokenizer
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=framing.add_generation_prompt,
+        continue_final_message=framing.continue_final_message)
     # By default no BOS of our own: the template writes its own special tokens.
     return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
@@ -59,7 +65,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
                                   param="prompt_logprobs")
 
     def encode_and_check() -> tuple[str, list[int]]:
-        text, token_ids = encode_chat(serving, req.messages, req.add_generation_prompt)
+        text, token_ids = encode_chat(serving, req.messages, req.framing)
         serving.engine.check_request(token_ids, params)  # off the loop for a large body
         return text, token_ids
 

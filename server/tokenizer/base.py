@@ -64,7 +64,8 @@ class Tokenizer(ABC):
         """
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> str:
         """The prompt text for a chat; see ``chat_template`` for validation and the default.
 
@@ -76,6 +77,7 @@ class Tokenizer(ABC):
             messages,
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.special_tokens_map,
+            continue_final_message=continue_final_message,
         )
 
     def negative_token_error(self, token_id: int) -> InvalidRequestError:

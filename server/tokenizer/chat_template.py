@@ -22,7 +22,9 @@ A model without a template gets ``DEFAULT_CHAT_TEMPLATE``, ChatML::
     <|im_start|>assistant
 
 one ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` block per message, then
-``<|im_start|>assistant\\n`` when ``add_generation_prompt`` is true.
+``<|im_start|>assistant\\n`` when ``add_generation_prompt`` is true. With
+``continue_final_message`` the prompt stops right after the last message's content (no
+``<|im_end|>``), so that the model continues that message: a reply prefilled by the caller.
 """
 
 from __future__ import annotations
@@ -58,18 +60,47 @@ def render_chat_template(
     *,
     add_generation_prompt: bool = True,
     special_tokens: Mapping[str, str] | None = None,
+    continue_final_message: bool = False,
 ) -> str:
-    """The prompt text of ``messages`` under ``template`` (``DEFAULT_CHAT_TEMPLATE`` if None)."""
+    """The prompt text of ``messages`` under ``template`` (``DEFAULT_CHAT_TEMPLATE`` if None).
+    With ``continue_final_message`` the text ends with the last message's content, left open
+    for the model to go on with (as transformers and vLLM do: whatever the template writes
+    after it, such as an end-of-turn token, is cut)."""
     chat = validate_messages(messages)
+    if continue_final_message:
+        chat[-1] = _marked_final_message(chat[-1])
     compiled = compile_chat_template(template or DEFAULT_CHAT_TEMPLATE)
     variables = {**(special_tokens or {}), "add_generation_prompt": add_generation_prompt}
     try:
-        return compiled.render(messages=chat, **variables)
+        text = compiled.render(messages=chat, **variables)
     except InvalidRequestError:
         raise
     except (jinja2.TemplateError, TypeError, KeyError, ValueError) as exc:
         raise InvalidRequestError(f"the chat template failed on these messages: {exc}",
                                   param=_PARAM) from exc
+    return _cut_at_mark(text) if continue_final_message else text
+
+
+# Appended to the final message before rendering, then cut with everything after it. Letters,
+# an underscore and a space: nothing a template escapes. The space shows whether the template
+# kept the message's trailing whitespace or trimmed it.
+_CONTINUE_MARK = "PAGEDSERVE_CONTINUE_HERE "
+
+
+def _marked_final_message(final: dict[str, Any]) -> dict[str, Any]:
+    if not final.get("content"):
+        _fail("continue_final_message needs a last message with content to continue")
+    return {**final, "content": final["content"] + _CONTINUE_MARK}
+
+
+def _cut_at_mark(text: str) -> str:
+    at = text.rfind(_CONTINUE_MARK.rstrip())
+    if at < 0:
+        _fail("continue_final_message: the chat template does not write the last message's "
+              "content out whole, so there is no end of it to continue from")
+    if text.startswith(_CONTINUE_MARK, at):
+        return text[:at]
+    return text[:at].rstrip()  # the template trimmed the message: so is the cut
 
 
 @lru_cache(maxsize=32)

@@ -159,3 +159,41 @@ async def test_prompt_logprobs_in_a_chat_stream_are_a_400(server: LiveServer) ->
         assert (response.status, await response.json()) == (400, {"error": {
             "message": "prompt_logprobs is not available when stream is true",
             "type": "invalid_request_error", "param": "prompt_logprobs", "code": None}})
+
+
+PREFILLED = [*MESSAGES, {"role": "assistant", "content": "An LRU"}]
+
+
+async def test_continue_final_message_continues_the_reply(client: AsyncOpenAI, server: LiveServer,
+                                                          offline: LLM) -> None:
+    # vLLM's extension: the prompt ends inside the prefilled reply, with no end of turn.
+    tokenizer = offline.get_tokenizer()
+    text = tokenizer.apply_chat_template(PREFILLED, add_generation_prompt=False,
+                                         continue_final_message=True)
+    assert text.endswith("<|im_start|>assistant\nAn LRU")
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    expected = offline.generate([{"prompt_token_ids": ids}],
+                                SamplingParams(temperature=0, max_tokens=6))[0].outputs[0]
+    framing = {"add_generation_prompt": False, "continue_final_message": True}
+    result = await client.chat.completions.create(model=MODEL, messages=PREFILLED,
+                                                  max_tokens=6, temperature=0,
+                                                  extra_body=framing)
+    assert result.choices[0].message.content == expected.text
+    assert result.usage.prompt_tokens == len(ids)
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + "/tokenize", json={"model": MODEL, "messages": PREFILLED, **framing}
+    ) as response:
+        assert (await response.json())["tokens"] == ids
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+async def test_continue_final_message_with_a_generation_prompt_is_a_400(
+        server: LiveServer, path: str) -> None:
+    body = {"model": MODEL, "messages": PREFILLED, "continue_final_message": True}
+    async with aiohttp.ClientSession() as session, session.post(
+        server.base_url + path, json=body
+    ) as response:
+        assert (response.status, await response.json()) == (400, {"error": {
+            "message": "continue_final_message and add_generation_prompt cannot both be "
+                       "true: set add_generation_prompt to false to continue the last message",
+            "type": "invalid_request_error", "param": "continue_final_message", "code": None}})

@@ -172,3 +172,57 @@ def test_broken_template_fails_at_load(tmp_path: Path) -> None:
                                       "Unexpected end of template.")
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert config["chat_template"] == "{% for m in messages %}"
+
+
+# Replies to continue: trailing whitespace (kept by ChatML, trimmed by the Llama 2 template)
+# and characters a template might escape. (transformers refuses a template that does not
+# name "content", such as JSON_TEMPLATE, and renders text parts as a list's repr.)
+CONTINUED = [
+    [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}],
+    [*CONVERSATIONS[1][:2], {"role": "assistant", "content": "HTML, 你好 😀 and "}],
+    [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A: \"1 < 2\" "}],
+]
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama2"])
+@pytest.mark.parametrize("conversation", CONTINUED)
+def test_continue_final_message_matches_transformers(
+    tokenizer_pairs: dict[str, tuple], name: str, conversation: list[dict[str, object]],
+) -> None:
+    ours, reference = tokenizer_pairs[name]
+    expected = reference.apply_chat_template(conversation, tokenize=False,
+                                             add_generation_prompt=False,
+                                             continue_final_message=True)
+    assert ours.apply_chat_template(conversation, False, continue_final_message=True) == expected
+
+
+def test_continue_final_message_leaves_the_turn_open() -> None:
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Hello,"},
+                                                  {"type": "text", "text": "I am "}]}]
+    assert render_chat_template(None, messages, add_generation_prompt=False,
+                                continue_final_message=True) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello,\nI am ")
+    # A template that escapes the content (tojson) is cut inside the escaped text.
+    assert render_chat_template(JSON_TEMPLATE, messages, add_generation_prompt=False,
+                                continue_final_message=True) == (
+        '[1] {"role": "user", "content": "Hi"}\n'
+        '[2] {"role": "assistant", "content": "Hello,\\nI am ')
+
+
+@pytest.mark.parametrize(("template", "messages", "error"), [
+    (None, [{"role": "user", "content": "Hi"},
+            {"role": "assistant", "tool_calls": [{"id": "1"}]}],
+     "continue_final_message needs a last message with content to continue"),
+    (None, [{"role": "user", "content": ""}],
+     "continue_final_message needs a last message with content to continue"),
+    ("{% for m in messages %}{{ m['role'] }};{% endfor %}",
+     [{"role": "user", "content": "Hi"}],
+     "continue_final_message: the chat template does not write the last message's content "
+     "out whole, so there is no end of it to continue from"),
+])
+def test_continue_final_message_errors(template: str | None, messages: list, error: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        render_chat_template(template, messages, add_generation_prompt=False,
+                             continue_final_message=True)
+    assert (str(info.value), info.value.param) == (error, "messages")
