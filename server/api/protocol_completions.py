@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, is_int, type_error
+from pagedserve.server.api.protocol_prompt import PromptEncoding, read_prompt_encoding
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
 from pagedserve.server.errors import InvalidRequestError
 
@@ -25,6 +26,7 @@ class CompletionRequest:
     continuous_usage: bool
     echo: bool
     logprobs: int | None
+    encoding: PromptEncoding
     sampling: dict[str, Any]
 
 
@@ -43,6 +45,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         continuous_usage=continuous_usage,
         echo=fields.boolean("echo", False),
         logprobs=fields.integer("logprobs"),
+        encoding=read_prompt_encoding(fields, add_special_tokens=True),
         sampling=read_sampling_fields(fields),
     )
     fields.ignore("user")

@@ -46,11 +46,26 @@ def read_sampling_fields(fields: Fields) -> dict[str, Any]:
     kwargs["stop"] = fields.strings("stop")
     kwargs["stop_token_ids"] = fields.integers("stop_token_ids")
     kwargs["allowed_token_ids"] = fields.integers("allowed_token_ids")
+    kwargs["bad_words"] = fields.strings("bad_words")
     kwargs["logit_bias"] = read_logit_bias(fields.raw("logit_bias"))
+    # vLLM's detokenizer for fast tokenizers has no use for this one either.
+    fields.boolean("spaces_between_special_tokens", True)
+    _read_priority(fields)
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     if kwargs.get("use_beam_search") and "temperature" not in kwargs:
         kwargs["temperature"] = 0.0  # beam search is deterministic; spare clients saying so
     return kwargs
+
+
+def _read_priority(fields: Fields) -> None:
+    """vLLM's ``priority`` matters only to its priority scheduler; under first-come,
+    first-served (vLLM's default, and the only policy here) it must be 0, as there."""
+    priority = fields.integer("priority", 0)
+    if priority != 0:
+        raise InvalidRequestError(
+            f"priority {priority} needs priority scheduling, which this server does not run "
+            "(requests are served first come, first served); send priority 0 or leave it out",
+            param="priority")
 
 
 def read_logit_bias(value: Any) -> dict[int, float] | None:

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pagedserve.server.api.protocol_chat import ChatFraming, read_chat_framing, read_messages
+from pagedserve.server.api.protocol_chat import (
+    ChatRendering,
+    read_chat_rendering,
+    read_messages,
+)
 from pagedserve.server.api.protocol_fields import Fields, type_error
 from pagedserve.server.errors import InvalidRequestError
 
@@ -20,7 +24,7 @@ class TokenizeRequest:
     model: str | None
     prompt: str | None
     messages: list[Any] | None
-    framing: ChatFraming
+    rendering: ChatRendering
     add_special_tokens: bool
 
 
@@ -39,10 +43,10 @@ def parse_tokenize_request(body: Any) -> TokenizeRequest:
                                   param="messages" if has_messages else "prompt")
     prompt = fields.string("prompt")
     messages = read_messages(fields.raw("messages")) if has_messages else None
-    framing = read_chat_framing(fields)
+    rendering = read_chat_rendering(fields)
     add_special_tokens = fields.boolean("add_special_tokens", not has_messages)
     fields.finish()
-    return TokenizeRequest(model, prompt, messages, framing, add_special_tokens)
+    return TokenizeRequest(model, prompt, messages, rendering, add_special_tokens)
 
 
 def parse_detokenize_request(body: Any) -> DetokenizeRequest:

@@ -13,7 +13,7 @@ from pagedserve.server.api.jsonio import json_response, read_request
 from pagedserve.server.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagedserve.server.api.protocol_chat import (
     ChatCompletionRequest,
-    ChatFraming,
+    ChatRendering,
     parse_chat_request,
 )
 from pagedserve.server.api.serving_common import (
@@ -35,13 +35,14 @@ CHUNK_OBJECT = "chat.completion.chunk"
 ROLE = "assistant"
 
 
-def encode_chat(serving: Serving, messages: list[Any], framing: ChatFraming,
+def encode_chat(serving: Serving, messages: list[Any], rendering: ChatRendering,
                 add_special_tokens: bool = False) -> tuple[str, list[int]]:
     """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
     tokenizer = serving.tokenizer
     text = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=framing.add_generation_prompt,
-        continue_final_message=framing.continue_final_message)
+        messages, add_generation_prompt=rendering.add_generation_prompt,
+        continue_final_message=rendering.continue_final_message,
+        variables=rendering.variables)
     # By default no BOS of our own: the template writes its own special tokens.
     return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
@@ -65,7 +66,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
                                   param="prompt_logprobs")
 
     def encode_and_check() -> tuple[str, list[int]]:
-        text, token_ids = encode_chat(serving, req.messages, req.framing)
+        text, ids = encode_chat(serving, req.messages, req.rendering,
+                                req.encoding.add_special_tokens)
+        token_ids = req.encoding.truncate(ids, serving.engine.max_model_len)
+        if len(token_ids) < len(ids):
+            text = serving.tokenizer.decode(token_ids)
         serving.engine.check_request(token_ids, params)  # off the loop for a large body
         return text, token_ids
 

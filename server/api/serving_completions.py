@@ -16,6 +16,7 @@ from pagedserve.server.api.protocol_completions import (
     PromptInput,
     parse_completion_request,
 )
+from pagedserve.server.api.protocol_prompt import PromptEncoding
 from pagedserve.server.api.serving_common import (
     Serving,
     StreamTracker,
@@ -38,13 +39,16 @@ class _Prompt:
 
     __slots__ = ("text", "token_ids")
 
-    def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool) -> None:
-        if isinstance(prompt, str):
-            self.text: str | None = prompt
-            self.token_ids = serving.tokenizer.encode(prompt)
-        else:
-            self.token_ids = prompt
-            self.text = serving.tokenizer.decode(prompt) if need_text else None
+    def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool,
+                 encoding: PromptEncoding) -> None:
+        text = prompt if isinstance(prompt, str) else None
+        ids = (serving.tokenizer.encode(prompt, add_special_tokens=encoding.add_special_tokens)
+               if isinstance(prompt, str) else prompt)
+        self.token_ids = encoding.truncate(ids, serving.engine.max_model_len)
+        if len(self.token_ids) < len(ids):
+            text = None  # the text of what is left, if needed, from its ids
+        self.text = serving.tokenizer.decode(self.token_ids) if need_text and text is None \
+            else text
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:
@@ -70,7 +74,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 
 def _prompts(serving: Serving, req: CompletionRequest, params: SamplingParams) -> list[_Prompt]:
-    prompts = [_Prompt(serving, p, need_text=req.echo) for p in req.prompts]
+    prompts = [_Prompt(serving, p, req.echo, req.encoding) for p in req.prompts]
     for prompt in prompts:  # here, off the event loop for a large body, not in batch.add
         serving.engine.check_request(prompt.token_ids, params)
     return prompts

@@ -25,7 +25,7 @@ async def tokenize(request: web.Request) -> web.Response:
     def work() -> bytes:
         # The answer's JSON too: for a large input it is a large list.
         if req.messages is not None:
-            _, tokens = encode_chat(serving, req.messages, req.framing, req.add_special_tokens)
+            _, tokens = encode_chat(serving, req.messages, req.rendering, req.add_special_tokens)
         else:
             tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
         return orjson.dumps({"count": len(tokens), "tokens": tokens,

@@ -65,7 +65,7 @@ class Tokenizer(ABC):
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
+        continue_final_message: bool = False, variables: Mapping[str, object] | None = None,
     ) -> str:
         """The prompt text for a chat; see ``chat_template`` for validation and the default.
 
@@ -78,6 +78,7 @@ class Tokenizer(ABC):
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.special_tokens_map,
             continue_final_message=continue_final_message,
+            variables=variables,
         )
 
     def negative_token_error(self, token_id: int) -> InvalidRequestError:

@@ -4,8 +4,9 @@ Templates come from checkpoints, so they run in Jinja's immutable sandbox, set u
 Hugging Face transformers renders them (``trim_blocks``, ``lstrip_blocks``, loop controls, a
 ``tojson`` that does not escape HTML, ``raise_exception`` and ``strftime_now``), so a template
 renders here exactly as it does in ``tokenizer.apply_chat_template``. The variables are
-``messages``, ``add_generation_prompt`` and the model's named special tokens (``bos_token``,
-``eos_token``, ...).
+``messages``, ``add_generation_prompt``, the model's named special tokens (``bos_token``,
+``eos_token``, ...) and any the request adds (vLLM's ``chat_template_kwargs`` and
+``documents``).
 
 Messages are validated first: each is an object with a ``role`` among ``ROLES`` and a
 ``content`` that is a string or a list of text parts (``{"type": "text", "text": ...}``, joined
@@ -61,18 +62,21 @@ def render_chat_template(
     add_generation_prompt: bool = True,
     special_tokens: Mapping[str, str] | None = None,
     continue_final_message: bool = False,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt text of ``messages`` under ``template`` (``DEFAULT_CHAT_TEMPLATE`` if None).
     With ``continue_final_message`` the text ends with the last message's content, left open
     for the model to go on with (as transformers and vLLM do: whatever the template writes
-    after it, such as an end-of-turn token, is cut)."""
+    after it, such as an end-of-turn token, is cut). ``variables`` are more names for the
+    template (vLLM's ``chat_template_kwargs`` and ``documents``)."""
     chat = validate_messages(messages)
     if continue_final_message:
         chat[-1] = _marked_final_message(chat[-1])
     compiled = compile_chat_template(template or DEFAULT_CHAT_TEMPLATE)
-    variables = {**(special_tokens or {}), "add_generation_prompt": add_generation_prompt}
+    context = {**(special_tokens or {}), **(variables or {}),
+               "add_generation_prompt": add_generation_prompt}
     try:
-        text = compiled.render(messages=chat, **variables)
+        text = compiled.render(messages=chat, **context)
     except InvalidRequestError:
         raise
     except (jinja2.TemplateError, TypeError, KeyError, ValueError) as exc:

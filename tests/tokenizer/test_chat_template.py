@@ -226,3 +226,26 @@ def test_continue_final_message_errors(template: str | None, messages: list, err
         render_chat_template(template, messages, add_generation_prompt=False,
                              continue_final_message=True)
     assert (str(info.value), info.value.param) == (error, "messages")
+
+
+VARIABLES_TEMPLATE = (
+    "{% for d in documents or [] %}[doc {{ d['title'] }}: {{ d['text'] }}]\n{% endfor %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% if not enable_thinking %} <no-think>"
+    "{% endif %}{% endif %}")
+
+
+def test_template_variables_match_transformers(
+    tmp_path: Path, auto_tokenizer_for: Callable[[Path], object],
+) -> None:
+    # vLLM's chat_template_kwargs and documents reach the template as names of their own.
+    path = write_hf_tokenizer(tmp_path, 300, chat_template=VARIABLES_TEMPLATE)
+    ours, reference = load_tokenizer(path), auto_tokenizer_for(path)
+    documents = [{"title": "KV", "text": "blocks"}, {"title": "LRU", "text": "evicts"}]
+    messages = CONVERSATIONS[0]
+    for variables in ({}, {"enable_thinking": True}, {"documents": documents}):
+        expected = reference.apply_chat_template(messages, tokenize=False,
+                                                 add_generation_prompt=True, **variables)
+        assert ours.apply_chat_template(messages, True, variables=variables) == expected
+    assert ours.apply_chat_template(messages, True, variables={"documents": documents}) == (
+        "[doc KV: blocks]\n[doc LRU: evicts]\nuser: Hi\nassistant: <no-think>")
