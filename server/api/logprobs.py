@@ -29,6 +29,13 @@ def token_text(tokenizer: Tokenizer, token_id: int) -> str:
     return tokenizer.token_bytes(token_id).decode("utf-8", errors="replace")
 
 
+def token_label(tokenizer: Tokenizer, token_id: int, as_id: bool) -> str:
+    """How logprobs name a token: its text, or with vLLM's ``return_tokens_as_token_ids``
+    ``"token_id:{id}"``, which tells apart tokens whose texts are equal (two partial
+    characters both show U+FFFD) and maps back to the id."""
+    return f"token_id:{token_id}" if as_id else token_text(tokenizer, token_id)
+
+
 def _padded(token_ids: list[int],
             positions: list[PositionLogprobs | None]) -> list[PositionLogprobs | None]:
     # A position the engine has no logprobs for reads as None, never as a dropped token.
@@ -42,8 +49,10 @@ def _ranked(position: PositionLogprobs) -> list[tuple[int, float]]:
 class CompletionLogprobs:
     """Builds completions-style logprobs for consecutive tokens of one text."""
 
-    def __init__(self, tokenizer: Tokenizer, start_offset: int, skip_special_tokens: bool):
+    def __init__(self, tokenizer: Tokenizer, start_offset: int, skip_special_tokens: bool,
+                 tokens_as_ids: bool = False):
         self._tokenizer = tokenizer
+        self._as_ids = tokens_as_ids
         self._skip = tokenizer.all_special_ids if skip_special_tokens else frozenset()
         self._offset = start_offset
         # Offsets count characters of the decoded text; a character split across tokens
@@ -54,7 +63,7 @@ class CompletionLogprobs:
                positions: list[PositionLogprobs | None]) -> dict[str, list[Any]]:
         tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
         for token_id, position in zip(token_ids, _padded(token_ids, positions), strict=True):
-            tokens.append(token_text(self._tokenizer, token_id))
+            tokens.append(token_label(self._tokenizer, token_id, self._as_ids))
             text_offset.append(self._offset)
             if token_id not in self._skip:
                 self._offset += len(self._decoder.decode(self._tokenizer.token_bytes(token_id)))
@@ -64,7 +73,7 @@ class CompletionLogprobs:
                 continue
             chosen = position.get(token_id)
             token_logprobs.append(_clamp(chosen.logprob) if chosen is not None else None)
-            top_logprobs.append({token_text(self._tokenizer, t): _clamp(lp)
+            top_logprobs.append({token_label(self._tokenizer, t, self._as_ids): _clamp(lp)
                                  for t, lp in _ranked(position)})
         return {
             "tokens": tokens,
@@ -75,21 +84,25 @@ class CompletionLogprobs:
 
 
 def chat_logprobs(tokenizer: Tokenizer, token_ids: list[int],
-                  positions: list[PositionLogprobs | None], top_k: int) -> dict[str, Any]:
+                  positions: list[PositionLogprobs | None], top_k: int,
+                  tokens_as_ids: bool = False) -> dict[str, Any]:
     content = []
     for token_id, position in zip(token_ids, _padded(token_ids, positions), strict=True):
         position = position or {}
         chosen = position.get(token_id)
+        logprob = chosen.logprob if chosen else MIN_LOGPROB
         content.append({
-            **_chat_token(tokenizer, token_id, chosen.logprob if chosen else MIN_LOGPROB),
-            "top_logprobs": [_chat_token(tokenizer, t, lp)
+            **_chat_token(tokenizer, token_id, logprob, tokens_as_ids),
+            "top_logprobs": [_chat_token(tokenizer, t, lp, tokens_as_ids)
                              for t, lp in _ranked(position)[:top_k]],
         })
     return {"content": content}
 
 
-def _chat_token(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str, Any]:
-    raw = tokenizer.token_bytes(token_id)
+def _chat_token(tokenizer: Tokenizer, token_id: int, logprob: float,
+                as_id: bool) -> dict[str, Any]:
+    # With token ids as names, "bytes" are the name's, as vLLM sends them.
+    raw = f"token_id:{token_id}".encode() if as_id else tokenizer.token_bytes(token_id)
     return {
         "token": raw.decode("utf-8", errors="replace"),
         "logprob": _clamp(logprob),
@@ -99,8 +112,9 @@ def _chat_token(tokenizer: Tokenizer, token_id: int, logprob: float) -> dict[str
 
 def vllm_prompt_logprobs(tokenizer: Tokenizer | None,
                          positions: list[PositionLogprobs | None] | None,
-                         ) -> list[dict[str, Any] | None] | None:
-    """vLLM's ``prompt_logprobs``: per prompt position, token id → logprob, rank, text."""
+                         tokens_as_ids: bool = False) -> list[dict[str, Any] | None] | None:
+    """vLLM's ``prompt_logprobs``: per prompt position, token id → logprob, rank, text (or
+    the ``"token_id:{id}"`` name)."""
     if positions is None:
         return None
     return [
@@ -108,7 +122,8 @@ def vllm_prompt_logprobs(tokenizer: Tokenizer | None,
             str(token_id): {
                 "logprob": lp.logprob,
                 "rank": lp.rank,
-                "decoded_token": _decoded(tokenizer, token_id, lp),
+                "decoded_token": (f"token_id:{token_id}" if tokens_as_ids
+                                  else _decoded(tokenizer, token_id, lp)),
             }
             for token_id, lp in position.items()
         }

@@ -94,6 +94,7 @@ class ChatCompletionRequest:
     continuous_usage: bool
     logprobs: bool
     top_logprobs: int | None
+    tokens_as_ids: bool  # vLLM's return_tokens_as_token_ids
     rendering: ChatRendering
     encoding: PromptEncoding
     sampling: dict[str, Any]
@@ -122,6 +123,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         continuous_usage=continuous_usage,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        tokens_as_ids=fields.boolean("return_tokens_as_token_ids", False),
         rendering=read_chat_rendering(fields),
         encoding=read_prompt_encoding(fields, add_special_tokens=False),
         sampling=read_sampling_fields(fields),

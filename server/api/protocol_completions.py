@@ -26,6 +26,7 @@ class CompletionRequest:
     continuous_usage: bool
     echo: bool
     logprobs: int | None
+    tokens_as_ids: bool  # vLLM's return_tokens_as_token_ids
     encoding: PromptEncoding
     sampling: dict[str, Any]
 
@@ -45,6 +46,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         continuous_usage=continuous_usage,
         echo=fields.boolean("echo", False),
         logprobs=fields.integer("logprobs"),
+        tokens_as_ids=fields.boolean("return_tokens_as_token_ids", False),
         encoding=read_prompt_encoding(fields, add_special_tokens=True),
         sampling=read_sampling_fields(fields),
     )

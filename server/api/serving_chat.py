@@ -97,7 +97,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     if params.prompt_logprobs is not None:
         # vLLM's place for them: the response, since every choice shares the prompt.
         body["prompt_logprobs"] = vllm_prompt_logprobs(serving.engine.tokenizer,
-                                                       final.prompt_logprobs)
+                                                       final.prompt_logprobs, req.tokens_as_ids)
     return json_response(body)
 
 
@@ -118,7 +118,7 @@ class _ChatView:
         if not self.req.logprobs:
             return None
         return chat_logprobs(self.serving.tokenizer, token_ids, positions or [],
-                             self.req.top_logprobs or 0)
+                             self.req.top_logprobs or 0, self.req.tokens_as_ids)
 
     async def stream(self, batch: GenerationBatch) -> AsyncIterator[list[dict[str, Any]]]:
         envelope = self.envelope(CHUNK_OBJECT)

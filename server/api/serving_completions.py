@@ -148,7 +148,8 @@ class _CompletionView:
                                                    echo)
         if first and self.params.prompt_logprobs is not None:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(self.serving.engine.tokenizer,
-                                                           output.prompt_logprobs)
+                                                           output.prompt_logprobs,
+                                                           self.req.tokens_as_ids)
         return choice
 
     def _logprobs_for(self, index: int, output: RequestOutput, token_ids: list[int],
@@ -156,7 +157,8 @@ class _CompletionView:
         builder = self._logprobs.get(index)
         if builder is None:
             builder = CompletionLogprobs(self.serving.tokenizer, 0,
-                                         self.params.skip_special_tokens)
+                                         self.params.skip_special_tokens,
+                                         self.req.tokens_as_ids)
             self._logprobs[index] = builder
         if echo:
             prompt_positions = output.prompt_logprobs or [None] * len(output.prompt_token_ids)

@@ -1,6 +1,7 @@
 """vLLM's extra request fields, so that a vLLM client's body runs unchanged: ``bad_words``,
 ``add_special_tokens``, ``truncate_prompt_tokens``, ``priority``,
-``spaces_between_special_tokens``, and for chat ``chat_template_kwargs`` and ``documents``;
+``spaces_between_special_tokens``, ``return_tokens_as_token_ids``, and for chat
+``chat_template_kwargs`` and ``documents``;
 each against the offline engine or the tokenizer, and each misuse as an exact 400."""
 
 from __future__ import annotations
@@ -147,3 +148,37 @@ async def test_chat_template_variables(server: LiveServer) -> None:
     status, answer = await post(server, "/v1/chat/completions", {
         "messages": MESSAGES, "max_tokens": 2, "documents": ["text"]})
     assert status == 400 and answer["error"]["param"] == "documents"
+
+
+async def test_return_tokens_as_token_ids(client: AsyncOpenAI, offline: LLM,
+                                          server: LiveServer) -> None:
+    ids = offline.get_tokenizer().encode(PROMPT)
+    want = offline.generate([{"prompt_token_ids": ids}], SamplingParams(
+        temperature=0, max_tokens=5, logprobs=2, ignore_eos=True))[0].outputs[0]
+
+    def name(token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+    def top(position: dict) -> dict[str, float]:
+        return {name(t): pytest.approx(lp.logprob) for t, lp in position.items()}
+
+    extra = {"ignore_eos": True, "return_tokens_as_token_ids": True}
+    result = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=5,
+                                             temperature=0, logprobs=2, extra_body=extra)
+    logprobs = result.choices[0].logprobs
+    assert logprobs.tokens == [name(t) for t in want.token_ids]
+    # Keyed by id, no two tokens collapse into one key (the model's partial characters
+    # would, by text).
+    assert logprobs.top_logprobs == [top(p) for p in want.logprobs]
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True,
+        top_logprobs=1, extra_body=extra)
+    for entry in chat.choices[0].logprobs.content:
+        assert entry.token.startswith("token_id:") and entry.bytes == list(entry.token.encode())
+        assert [t.token for t in entry.top_logprobs] == [entry.token]  # greedy: the top one
+    status, body = await post(server, "/v1/completions", {
+        "prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 0, **extra})
+    assert status == 200
+    positions = body["choices"][0]["prompt_logprobs"][1:]
+    assert [p[str(t)]["decoded_token"] for p, t in zip(positions, ids[1:], strict=True)] == [
+        name(t) for t in ids[1:]]
