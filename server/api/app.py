@@ -18,6 +18,7 @@ from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion
+from pagedserve.server.api.serving_responses import create_response
 from pagedserve.server.api.serving_tokenize import detokenize, tokenize
 from pagedserve.server.api.state import (
     ADMISSION_KEY,
@@ -72,6 +73,7 @@ def make_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
 def _add_routes(router: web.UrlDispatcher) -> None:
     for path, handler in (("/v1/completions", create_completion),
                           ("/v1/chat/completions", create_chat_completion),
+                          ("/v1/responses", create_response),
                           ("/tokenize", tokenize), ("/detokenize", detokenize)):
         router.add_post(path, handler, expect_handler=expect_continue)
     router.add_get("/v1/models", routes_info.list_models)

@@ -1,0 +1,157 @@
+"""``POST /v1/responses`` (OpenAI's Responses API, text in and text out): the request body,
+read and type-checked, with its input turned into chat messages for the model's template.
+
+``input`` is a string (one user message) or a list of messages, each a ``role`` and a
+``content`` that is a string or a list of ``input_text`` / ``output_text`` parts;
+``instructions`` becomes a leading system message, as in vLLM. Nothing is stored, so
+``previous_response_id`` and the other features that need stored state, tools, non-text
+inputs and structured output are refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pagedserve.server.api.protocol_fields import Fields, show, type_error
+from pagedserve.server.api.protocol_sampling import read_sampling_fields
+from pagedserve.server.errors import InvalidRequestError
+
+_ROLES = ("user", "system", "developer", "assistant")
+_TEXT_PARTS = ("input_text", "output_text")
+# Features that need stored responses, tools or other modalities.
+_UNSUPPORTED = ("previous_response_id", "conversation", "prompt", "background")
+# Billing, tracking and caching hints: nothing to do here.
+_IGNORED = ("store", "user", "safety_identifier", "prompt_cache_key", "service_tier",
+            "parallel_tool_calls", "max_tool_calls", "stream_options")
+# Sampling fields with no meaning for a single response.
+_SINGLE_OUTPUT = ("n", "best_of", "use_beam_search")
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    instructions: str | None
+    max_output_tokens: int | None
+    stream: bool
+    metadata: dict[str, Any]
+    sampling: dict[str, Any]
+
+
+def parse_responses_request(body: Any) -> ResponsesRequest:
+    fields = Fields(body)
+    model = fields.string("model", required=True)
+    instructions = fields.string("instructions")
+    messages = read_input(fields.raw("input"))
+    if instructions is not None:
+        messages.insert(0, {"role": "system", "content": instructions})
+    request = ResponsesRequest(
+        model=model,
+        messages=messages,
+        instructions=instructions,
+        max_output_tokens=fields.integer("max_output_tokens"),
+        stream=fields.boolean("stream", False),
+        metadata=_read_metadata(fields.raw("metadata")),
+        sampling=read_sampling_fields(fields),
+    )
+    for name in _SINGLE_OUTPUT:
+        if name in request.sampling:
+            raise InvalidRequestError(f"{name} is not supported by the Responses API (it has "
+                                      "one output); use /v1/chat/completions", param=name)
+    _read_tools(fields)
+    _read_text(fields.object("text"))
+    _refuse_unless(fields, "reasoning", lambda v: v == {}, "is not supported by this model")
+    _refuse_unless(fields, "include", lambda v: v == [], "is not supported by this server")
+    _refuse_unless(fields, "truncation", lambda v: v == "disabled",
+                   'must be "disabled": this server does not drop input to fit')
+    _refuse_unless(fields, "top_logprobs", lambda v: v == 0, "is not supported by this server")
+    fields.reject(*_UNSUPPORTED)
+    fields.ignore(*_IGNORED)
+    fields.finish()
+    return request
+
+
+def read_input(value: Any) -> list[dict[str, Any]]:
+    """``input`` as chat messages (text parts as the chat template's text parts)."""
+    if value is None:
+        raise InvalidRequestError("input is required", param="input")
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise type_error("input", "a string or a non-empty list of messages", value)
+    return [_message(i, item) for i, item in enumerate(value)]
+
+
+def _message(i: int, item: Any) -> dict[str, Any]:
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        raise type_error(where, "a message object", item)
+    kind = item.get("type", "message")
+    if kind != "message":
+        raise InvalidRequestError(f"{where}.type {show(kind)} is not supported by this "
+                                  "server: only messages are", param=where)
+    fields = Fields(item, prefix=f"{where}.")
+    fields.ignore("type", "id", "status")
+    role = fields.string("role", required=True)
+    if role not in _ROLES:
+        raise InvalidRequestError(f"{where}.role must be one of {', '.join(_ROLES)}, got "
+                                  f"{show(role)}", param=f"{where}.role")
+    content = fields.raw("content")
+    fields.finish()
+    if isinstance(content, str):
+        return {"role": role, "content": content}
+    if not isinstance(content, list):
+        raise type_error(f"{where}.content", "a string or a list of text parts", content)
+    return {"role": role, "content": [_text_part(f"{where}.content[{j}]", part)
+                                      for j, part in enumerate(content)]}
+
+
+def _text_part(where: str, part: Any) -> dict[str, str]:
+    if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+        kind = part.get("type") if isinstance(part, dict) else part
+        raise InvalidRequestError(f"{where} must be an input_text or output_text part, got "
+                                  f"{show(kind)}: this server takes text only", param=where)
+    fields = Fields(part, prefix=f"{where}.")
+    fields.ignore("type", "annotations", "logprobs")
+    text = fields.string("text", required=True)
+    fields.finish()
+    return {"type": "text", "text": text}
+
+
+def _read_metadata(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise type_error("metadata", "an object", value)
+    return value
+
+
+def _read_tools(fields: Fields) -> None:
+    tools = fields.raw("tools")
+    if tools not in (None, []):
+        raise InvalidRequestError("tools is not supported by this server", param="tools")
+    choice = fields.raw("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise InvalidRequestError("tool_choice must be \"auto\" or \"none\": this server "
+                                  "has no tools", param="tool_choice")
+
+
+def _read_text(text: Fields | None) -> None:
+    if text is None:
+        return
+    text_format = text.object("format")
+    if text_format is not None:
+        kind = text_format.string("type", required=True)
+        if kind != "text":
+            raise InvalidRequestError(f"text.format.type {show(kind)} is not supported: only "
+                                      "\"text\" is", param="text.format.type")
+        text_format.finish()
+    text.ignore("verbosity")
+    text.finish()
+
+
+def _refuse_unless(fields: Fields, name: str, accepted, reason: str) -> None:
+    value = fields.raw(name)
+    if value is not None and not accepted(value):
+        raise InvalidRequestError(f"{name} {reason}, got {show(value)}", param=name)
