@@ -120,3 +120,20 @@ async def test_refusals(server: LiveServer, body: dict[str, Any], message: str,
                         param: str) -> None:
     assert await post(server, body) == (400, {"error": {
         "message": message, "type": "invalid_request_error", "param": param, "code": None}})
+
+
+async def test_sdk_stream_helper_gets_the_final_response(client: AsyncOpenAI,
+                                                         offline: LLM) -> None:
+    # A stop string ends the text, so the response completes (a length stop is incomplete,
+    # for which the SDK's helper, as against OpenAI, has no final response).
+    tokenizer = offline.get_tokenizer()
+    messages = [{"role": "user", "content": "Name a cache."}]
+    ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+    want = offline.generate([{"prompt_token_ids": ids}], SamplingParams(
+        temperature=0, max_tokens=60, stop=["e"]))[0].outputs[0]
+    assert want.finish_reason == "stop"
+    async with client.responses.stream(model=MODEL, input="Name a cache.",
+                                       max_output_tokens=60, temperature=0,
+                                       extra_body={"stop": ["e"]}) as stream:
+        final = await stream.get_final_response()
+    assert (final.status, final.output_text) == ("completed", want.text)
