@@ -1,10 +1,11 @@
 """Soak: a `pagedserve serve` process under minutes of mixed traffic, checked for what must not
 happen in production: an engine death, a lost request, a leaked KV block, a memory leak.
 
-The traffic mixes streamed and plain completions, n from 1 to 4, best_of, beam search,
-sampled and greedy decoding, and clients that hang up mid-request. Every request runs with
-``ignore_eos``, so one that completes has exactly ``n × max_tokens`` tokens, each choice ended
-by "length"; anything else, or an error, counts as lost. The server runs the embedded tiny
+The traffic (``soak_mix.py``) mixes completions, chat and responses, streamed and plain, n
+from 1 to 4, best_of, beam search, sampled and greedy decoding, and clients that hang up
+mid-request. Every request runs with ``ignore_eos``, so one that completes has exactly
+``n × max_tokens`` tokens, each choice ended by its length limit; anything else, or an
+error, counts as lost. The server runs the embedded tiny
 model with a small KV cache, so preemption happens too, and chunked prefill. Rounds of
 requests repeat until the time is up; the server's RSS is sampled after each round, the first
 (warm-up) round being the baseline.
@@ -40,15 +41,15 @@ from typing import Any
 
 import aiohttp
 
+# Run as a script: its own folder is on sys.path.
+from soak_mix import MODEL, RESPONSES, SoakRequest, check_plain, check_stream, make_request
+
 from pagedserve.client.sse import iter_sse
 
-MODEL = "tiny"
 BLOCK_SIZE = 16
 SERVER_FLAGS = ["--max-model-len", "128", "--num-kv-blocks", "48", "--block-size",
                 str(BLOCK_SIZE), "--max-num-seqs", "32", "--max-num-batched-tokens", "64",
                 "--disable-access-log"]
-_WORDS = ("paged", "attention", "block", "table", "cache", "prefix", "swap", "token",
-          "batch", "decode", "beam", "sample", "request", "kernel", "memory", "sequence")
 _START_TIMEOUT_S = 300.0
 _IDLE_TIMEOUT_S = 30.0
 _REQUEST_TIMEOUT_S = 120.0
@@ -69,61 +70,16 @@ class Outcomes:
             self.lost.append(problem)
 
 
-def make_request(rng: random.Random) -> dict[str, Any]:
-    """One request body of the mix, plus the private ``_abort`` hint for the client."""
-    n = rng.randint(1, 4)
-    body: dict[str, Any] = {
-        "model": MODEL, "prompt": " ".join(rng.choices(_WORDS, k=rng.randint(2, 30))),
-        "max_tokens": rng.randint(2, 12), "ignore_eos": True, "n": n,
-    }
-    style = rng.random()
-    if style < 0.4:
-        body.update(stream=True, stream_options={"include_usage": True})
-    elif style < 0.5:
-        body.update(use_beam_search=True, n=min(n, 3), best_of=min(n, 3))
-    elif style < 0.65:
-        body["best_of"] = n + 1
-    if "use_beam_search" not in body:
-        body["temperature"] = rng.choice([0.0, 0.7, 1.0])
-        if rng.random() < 0.3:
-            body["seed"] = rng.randrange(1000)
-    body["_abort"] = rng.random() < 0.12
-    return body
-
-
-def check_plain(body: dict[str, Any], result: dict[str, Any]) -> str | None:
-    expected = body["n"] * body["max_tokens"]
-    reasons = [c["finish_reason"] for c in result["choices"]]
-    if len(reasons) != body["n"] or set(reasons) != {"length"}:
-        return f"finish reasons {reasons} for n={body['n']}"
-    if result["usage"]["completion_tokens"] != expected:
-        return f"{result['usage']['completion_tokens']} tokens, expected {expected}"
-    return None
-
-
-def check_stream(body: dict[str, Any], chunks: list[dict[str, Any]]) -> str | None:
-    if any("error" in chunk for chunk in chunks):
-        return f"error event {next(c for c in chunks if 'error' in c)}"
-    finished = {c["choices"][0]["index"]: c["choices"][0]["finish_reason"]
-                for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]}
-    if finished != {i: "length" for i in range(body["n"])}:
-        return f"finish reasons {finished} for n={body['n']}"
-    usage = chunks[-1].get("usage") or {}
-    if usage.get("completion_tokens") != body["n"] * body["max_tokens"]:
-        return f"usage {usage}, expected {body['n'] * body['max_tokens']} tokens"
-    return None
-
-
-async def run_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
+async def run_one(session: aiohttp.ClientSession, base_url: str, req: SoakRequest,
                   rng: random.Random, outcomes: Outcomes) -> None:
-    abort = body.pop("_abort")
     start = time.monotonic()
+    url = base_url + req.path
     try:
-        if body.get("stream"):
-            problem = await _stream(session, url, body, abort)
+        if req.stream:
+            problem = await _stream(session, url, req)
         else:
-            coro = _plain(session, url, body)
-            if abort:
+            coro = _plain(session, url, req)
+            if req.abort:
                 try:
                     problem = await asyncio.wait_for(coro, rng.uniform(0.02, 0.5))
                 except asyncio.TimeoutError:
@@ -138,45 +94,46 @@ async def run_one(session: aiohttp.ClientSession, url: str, body: dict[str, Any]
     elif problem is None:
         outcomes.record("completed", time.monotonic() - start)
     else:
-        outcomes.record("lost", problem=f"{json.dumps(body)}: {problem}")
+        outcomes.record("lost", problem=f"{req.path} {json.dumps(req.body)}: {problem}")
 
 
-async def _plain(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> str | None:
-    async with session.post(url, json=body) as response:
+async def _plain(session: aiohttp.ClientSession, url: str, req: SoakRequest) -> str | None:
+    async with session.post(url, json=req.body) as response:
         result = await response.json()
         if response.status != 200:
             return f"HTTP {response.status}: {result}"
-        return check_plain(body, result)
+        return check_plain(req, result)
 
 
-async def _stream(session: aiohttp.ClientSession, url: str, body: dict[str, Any],
-                  abort: bool) -> str | None:
-    async with session.post(url, json=body) as response:
+async def _stream(session: aiohttp.ClientSession, url: str, req: SoakRequest) -> str | None:
+    async with session.post(url, json=req.body) as response:
         if response.status != 200:
             return f"HTTP {response.status}: {await response.text()}"
         chunks = []
         async for event in iter_sse(response.content):
             if event.is_done:
-                return check_stream(body, chunks)
+                return check_stream(req, chunks)
             chunks.append(event.json())
-            if abort:
+            if req.abort:
                 response.close()  # the client hangs up mid-stream
                 return "aborted"
+        if req.path == RESPONSES:  # its stream ends with the connection, no [DONE]
+            return check_stream(req, chunks)
         return "stream ended without [DONE]"
 
 
-async def run_round(url: str, rng: random.Random, size: int, concurrency: int,
+async def run_round(base_url: str, rng: random.Random, size: int, concurrency: int,
                     outcomes: Outcomes) -> None:
-    bodies = [make_request(rng) for _ in range(size)]
+    requests = [make_request(rng) for _ in range(size)]
     slots = asyncio.Semaphore(concurrency)
     timeout = aiohttp.ClientTimeout(total=_REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
-        async def one(body: dict[str, Any]) -> None:
+        async def one(req: SoakRequest) -> None:
             async with slots:
-                await run_one(session, url, body, rng, outcomes)
+                await run_one(session, base_url, req, rng, outcomes)
 
-        await asyncio.gather(*(one(b) for b in bodies))
+        await asyncio.gather(*(one(r) for r in requests))
 
 
 async def server_state(base_url: str) -> tuple[bool, dict[str, Any]]:
@@ -233,14 +190,13 @@ def start_server(dtype: str) -> tuple[subprocess.Popen[str], str]:
 
 async def soak(base_url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
-    url = base_url + "/v1/completions"
     outcomes = Outcomes()
     deaths = 0
     started = time.monotonic()
     samples: list[tuple[float, float]] = []
     rounds = 0
     while True:
-        await run_round(url, rng, args.round_size, args.concurrency, outcomes)
+        await run_round(base_url, rng, args.round_size, args.concurrency, outcomes)
         rounds += 1
         load = await wait_idle(base_url)
         healthy, _ = await server_state(base_url)
