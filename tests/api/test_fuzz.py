@@ -1,6 +1,6 @@
 """Random request bodies for completions, chat (with vLLM's extra fields) and responses:
-whatever a client sends, the answer is a 200 or an OpenAI-shaped
-4xx, never a 500, and the engine keeps running."""
+whatever a client sends, the answer is a 200 or an OpenAI-shaped 4xx, never a 500, and the
+engine keeps running."""
 
 from __future__ import annotations
 
