@@ -90,6 +90,7 @@ class ChatCompletionRequest:
     messages: list[Any]
     max_tokens: int | None
     stream: bool
+    request_id: str | None  # vLLM's: the response's id (X-Request-Id wins)
     include_usage: bool
     continuous_usage: bool
     logprobs: bool
@@ -119,6 +120,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         messages=messages,
         max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
         stream=stream,
+        request_id=fields.string("request_id"),
         include_usage=include_usage,
         continuous_usage=continuous_usage,
         logprobs=logprobs,

@@ -25,6 +25,7 @@ class CompletionRequest:
     include_usage: bool
     continuous_usage: bool
     echo: bool
+    request_id: str | None  # vLLM's: the response's id (X-Request-Id wins)
     logprobs: int | None
     tokens_as_ids: bool  # vLLM's return_tokens_as_token_ids
     encoding: PromptEncoding
@@ -45,6 +46,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         include_usage=include_usage,
         continuous_usage=continuous_usage,
         echo=fields.boolean("echo", False),
+        request_id=fields.string("request_id"),
         logprobs=fields.integer("logprobs"),
         tokens_as_ids=fields.boolean("return_tokens_as_token_ids", False),
         encoding=read_prompt_encoding(fields, add_special_tokens=True),

@@ -35,6 +35,7 @@ class ResponsesRequest:
     instructions: str | None
     max_output_tokens: int | None
     stream: bool
+    request_id: str | None  # vLLM's: the response's id (X-Request-Id wins)
     metadata: dict[str, Any]
     sampling: dict[str, Any]
 
@@ -52,6 +53,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         instructions=instructions,
         max_output_tokens=fields.integer("max_output_tokens"),
         stream=fields.boolean("stream", False),
+        request_id=fields.string("request_id"),
         metadata=_read_metadata(fields.raw("metadata")),
         sampling=read_sampling_fields(fields),
     )

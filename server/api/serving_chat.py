@@ -23,6 +23,7 @@ from pagedserve.server.api.serving_common import (
     new_request_id,
     now_seconds,
     reject_unstreamable,
+    response_id,
     sampling_params,
     usage,
 )
@@ -76,7 +77,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
     request_id = new_request_id("chatcmpl")
-    view = _ChatView(serving, req, params, request_id)
+    view = _ChatView(serving, req, params, response_id(request, "chatcmpl-", req.request_id))
     async with serving.batch() as batch:
         batch.add(request_id, token_ids, params, text)
         if req.stream:

@@ -43,6 +43,14 @@ def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def response_id(request: web.Request, prefix: str, body_id: str | None) -> str:
+    """The id a response carries, as vLLM names it: ``PREFIX`` and the ``X-Request-Id``
+    header, else the body's ``request_id``, else a fresh one. The engine's own request ids
+    stay fresh, so two requests naming the same id do not collide."""
+    client_id = request.headers.get("X-Request-Id") or body_id
+    return f"{prefix}{client_id}" if client_id else f"{prefix}{uuid.uuid4().hex}"
+
+
 @dataclass(slots=True)
 class Serving:
     """The application state a generation handler needs."""

@@ -24,6 +24,7 @@ from pagedserve.server.api.serving_common import (
     new_request_id,
     now_seconds,
     reject_unstreamable,
+    response_id,
     sampling_params,
     usage,
 )
@@ -61,7 +62,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         reject_unstreamable(params)
     prompts = await serving.tokenization(request, lambda: _prompts(serving, req, params))
     request_id = new_request_id("cmpl")
-    view = _CompletionView(serving, req, params, prompts, request_id)
+    view = _CompletionView(serving, req, params, prompts,
+                           response_id(request, "cmpl-", req.request_id))
     async with serving.batch() as batch:
         for i, prompt in enumerate(prompts):
             batch.add(f"{request_id}-{i}", prompt.token_ids, params,

@@ -27,7 +27,9 @@ from pagedserve.server.api.serving_chat import encode_chat
 from pagedserve.server.api.serving_common import (
     Serving,
     StreamTracker,
+    new_request_id,
     now_seconds,
+    response_id,
     sampling_params,
 )
 from pagedserve.server.api.sse import stream_typed_events
@@ -47,9 +49,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
-    view = _ResponseView(serving, req, params)
+    view = _ResponseView(serving, req, params, response_id(request, "resp_", req.request_id))
     async with serving.batch() as batch:
-        batch.add(view.response_id, token_ids, params, text)
+        batch.add(new_request_id("resp"), token_ids, params, text)
         if req.stream:
             await batch.admitted()
             return await stream_typed_events(request, view.stream(batch))
@@ -60,11 +62,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 class _ResponseView:
     """Engine outputs → Response objects and stream events."""
 
-    def __init__(self, serving: Serving, req: ResponsesRequest, params: SamplingParams):
+    def __init__(self, serving: Serving, req: ResponsesRequest, params: SamplingParams,
+                 response_id: str):
         self.serving = serving
         self.req = req
         self.params = params
-        self.response_id = f"resp_{uuid.uuid4().hex}"
+        self.response_id = response_id
         self.message_id = f"msg_{uuid.uuid4().hex}"
         self.created_at = now_seconds()
         self._sequence = 0

@@ -1,11 +1,13 @@
 """vLLM's extra request fields, so that a vLLM client's body runs unchanged: ``bad_words``,
 ``add_special_tokens``, ``truncate_prompt_tokens``, ``priority``,
-``spaces_between_special_tokens``, ``return_tokens_as_token_ids``, and for chat
+``spaces_between_special_tokens``, ``return_tokens_as_token_ids``, ``request_id`` (and
+``X-Request-Id``), and for chat
 ``chat_template_kwargs`` and ``documents``;
 each against the offline engine or the tokenizer, and each misuse as an exact 400."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +184,21 @@ async def test_return_tokens_as_token_ids(client: AsyncOpenAI, offline: LLM,
     positions = body["choices"][0]["prompt_logprobs"][1:]
     assert [p[str(t)]["decoded_token"] for p, t in zip(positions, ids[1:], strict=True)] == [
         name(t) for t in ids[1:]]
+
+
+async def test_request_id_names_the_response(client: AsyncOpenAI, server: LiveServer) -> None:
+    # vLLM's: the body's request_id, or the X-Request-Id header (which wins), prefixed as
+    # each endpoint prefixes its ids; two requests naming one id both run.
+    first, second = await asyncio.gather(*(
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=3,
+                                  extra_body={"request_id": "job-7"}) for _ in range(2)))
+    assert first.id == second.id == "cmpl-job-7"
+    chat = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={"request_id": "body"},
+        extra_headers={"X-Request-Id": "trace-1"})
+    assert chat.id == "chatcmpl-trace-1"
+    response = await client.responses.create(model=MODEL, input="hi", max_output_tokens=2,
+                                             extra_body={"request_id": "r1"})
+    assert response.id == "resp_r1"
+    fresh = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+    assert fresh.id.startswith("cmpl-") and fresh.id != first.id
