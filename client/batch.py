@@ -17,13 +17,14 @@ from pagedserve.client.errors import (
     ClientError,
     InvalidRequestError,
 )
-from pagedserve.client.resources import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH
+from pagedserve.client.resources import CHAT_COMPLETIONS_PATH, COMPLETIONS_PATH, RESPONSES_PATH
 from pagedserve.client.tokens import EndpointKind
 from pagedserve.client.types import Usage
 
 ENDPOINT_PATHS: dict[EndpointKind, str] = {
     "completions": COMPLETIONS_PATH,
     "chat": CHAT_COMPLETIONS_PATH,
+    "responses": RESPONSES_PATH,
 }
 
 

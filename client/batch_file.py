@@ -1,9 +1,10 @@
 """JSONL in, JSONL out, with resume.
 
 Input lines are either OpenAI batch-file lines, ``{"custom_id", "method": "POST", "url":
-"/v1/chat/completions" | "/v1/completions", "body": {...}}``, or plain ones: ``{"id" (or
-"custom_id"), "body": {...}}`` or ``{"id", <body fields>}``, whose endpoint is the default
-kind or else inferred (``messages`` → chat, ``prompt`` → completions). Ids must be unique.
+"/v1/chat/completions" | "/v1/completions" | "/v1/responses", "body": {...}}``, or plain
+ones: ``{"id" (or "custom_id"), "body": {...}}`` or ``{"id", <body fields>}``, whose endpoint
+is the default kind or else inferred (``messages`` → chat, ``prompt`` → completions,
+``input`` → responses). Ids must be unique.
 
 Each output line has the OpenAI Batch API's output shape, so a file from that API and one
 from here compare line for line::
@@ -60,7 +61,10 @@ def _kind_of(
         return "chat"
     if "prompt" in body:
         return "completions"
-    raise BatchInputError(*where, "cannot tell the endpoint: the body has no messages or prompt")
+    if "input" in body:
+        return "responses"
+    raise BatchInputError(*where, "cannot tell the endpoint: the body has no messages, prompt "
+                                  "or input")
 
 
 def parse_request_line(

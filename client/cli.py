@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="server root or .../v1; repeat it or give a comma list for replicas",
     )
-    parser.add_argument("--endpoint", choices=["chat", "completions"], default=None,
+    parser.add_argument("--endpoint", choices=["chat", "completions", "responses"], default=None,
                         help="endpoint for lines without a url (default: inferred per line)")
     parser.add_argument("--model", default=None,
                         help="model for bodies without one (default: the server's first)")

@@ -38,10 +38,11 @@ class PoolConfig:
 
     per prompt, where ``n`` is the larger of ``n`` and ``best_of`` (beams for beam search)
     and the prompt is counted with tiktoken's cl100k_base or the server's ``/tokenize``
-    (``RunOptions.counter``). ``max_completion_tokens`` counts as ``max_tokens``. A request
-    without ``max_tokens`` reserves OpenAI's default of 16 on ``/v1/completions``, and on
-    ``/v1/chat/completions`` the rest of the model's context (``max_model_len`` − prompt)
-    when the server reports it, else 1024. A request is sent only when its reservation fits
+    (``RunOptions.counter``). ``max_completion_tokens`` counts as ``max_tokens``, and so does
+    ``max_output_tokens`` on ``/v1/responses``. A request without ``max_tokens`` reserves
+    OpenAI's default of 16 on ``/v1/completions``, and on ``/v1/chat/completions`` and
+    ``/v1/responses`` the rest of the model's context (``max_model_len`` − prompt) when the
+    server reports it, else 1024. A request is sent only when its reservation fits
     in the endpoint's free budget, so the server never holds more than
     ``max_inflight_tokens`` of worst-case work from this client; a request larger than the
     whole budget fails at once with ``BudgetExceededError`` instead of waiting forever.

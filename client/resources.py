@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_COMPLETIONS_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 

@@ -26,7 +26,7 @@ from pagedserve.client.pool import EndpointPool, Grant
 from pagedserve.client.progress import BatchProgress
 from pagedserve.client.retry import endpoint_is_down, is_retryable
 from pagedserve.client.tokens import TiktokenCounter, TokenCounter, reserved_tokens
-from pagedserve.client.types import ChatCompletion, Completion, parse_response
+from pagedserve.client.types import ChatCompletion, Completion, Response, parse_response
 from pagedserve.common.load_hints import LoadHints
 
 DEFAULT_NUM_WORKERS = 256
@@ -211,7 +211,7 @@ class BatchRunner:
         index: int,
         request: BatchRequest,
         grant: Grant,
-        answer: Completion | ChatCompletion,
+        answer: Completion | ChatCompletion | Response,
         attempts: int,
     ) -> BatchResult:
         usage = answer.usage
@@ -243,11 +243,15 @@ class BatchRunner:
         self.pool.check_fits(tokens)
         return tokens
 
-    async def _send(self, grant: Grant, request: BatchRequest) -> Completion | ChatCompletion:
+    async def _send(self, grant: Grant,
+                    request: BatchRequest) -> Completion | ChatCompletion | Response:
         response = await grant.endpoint.client.request_json("POST", request.path, request.body)
-        cls = ChatCompletion if request.kind == "chat" else Completion
+        cls = _ANSWER_TYPES[request.kind]
         return parse_response(cls.from_dict, response.data, response.headers)
 
+
+
+_ANSWER_TYPES = {"completions": Completion, "chat": ChatCompletion, "responses": Response}
 
 
 def _body_id(body: Any) -> str | None:

@@ -7,7 +7,8 @@ Three counters: ``TiktokenCounter`` (``cl100k_base`` by default, offline), ``Ser
 
 Chat messages are counted as OpenAI documents for its chat models: 3 tokens of framing per
 message, the tokens of every field's value (role and content included), 1 more for a
-``name`` field, and 3 for the framing that primes the reply.
+``name`` field, and 3 for the framing that primes the reply. A Responses API body counts as
+the chat messages its ``input`` and ``instructions`` make.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pagedserve.common.encoding import load_encoding
 if TYPE_CHECKING:
     from pagedserve.client.client import AsyncClient
 
-EndpointKind = Literal["completions", "chat"]
+EndpointKind = Literal["completions", "chat", "responses"]
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
@@ -77,6 +78,35 @@ def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return messages
 
 
+def response_messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A Responses API body's ``input`` (and ``instructions``, a leading system message) as
+    the chat messages a server renders it into; ``input_text`` / ``output_text`` parts as
+    text parts."""
+    value = body.get("input")
+    if isinstance(value, str):
+        messages: list[Mapping[str, Any]] = [{"role": "user", "content": value}]
+    elif isinstance(value, list) and value and all(isinstance(m, Mapping) for m in value):
+        messages = [{"role": m.get("role"), "content": _text_parts(m.get("content"))}
+                    for m in value]
+    else:
+        raise InvalidRequestError("input", value, "a string or a non-empty list of messages")
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        messages.insert(0, {"role": "system", "content": instructions})
+    return messages
+
+
+def _text_parts(content: object) -> object:
+    if not isinstance(content, list):
+        return content
+    return [{"type": "text", "text": p.get("text", "")} if isinstance(p, Mapping)
+            and p.get("type") in ("input_text", "output_text") else p for p in content]
+
+
+def _conversation(kind: EndpointKind, body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return response_messages(body) if kind == "responses" else _messages(body)
+
+
 class TiktokenCounter(TokenCounter):
     """Counts with a tiktoken encoding; special-token text in a prompt counts as plain text,
     since that is how a server reads untrusted input."""
@@ -103,8 +133,8 @@ class TiktokenCounter(TokenCounter):
         return total
 
     async def count(self, kind: EndpointKind, body: Mapping[str, Any]) -> PromptCount:
-        if kind == "chat":
-            return PromptCount(self.count_messages(_messages(body)))
+        if kind != "completions":
+            return PromptCount(self.count_messages(_conversation(kind, body)))
         return PromptCount(self.count_prompt(body.get("prompt")))
 
 
@@ -135,8 +165,8 @@ class ServerTokenCounter(TokenCounter):
 
     async def count(self, kind: EndpointKind, body: Mapping[str, Any]) -> PromptCount:
         model = self._model(body)
-        if kind == "chat":
-            result = await self.client.tokenize(model, messages=list(_messages(body)))
+        if kind != "completions":
+            result = await self.client.tokenize(model, messages=_conversation(kind, body))
             return PromptCount(result.count, result.max_model_len)
         tokens, max_model_len = 0, None
         for prompt in split_prompts(body.get("prompt")):
@@ -181,14 +211,17 @@ def reserved_tokens(
 ) -> int:
     """In-flight tokens a request can occupy on the server: its prompts plus, for each
     prompt, ``width × max_tokens`` generated tokens, where width covers ``n``, ``best_of``
-    and beam search. Without ``max_tokens``, completions use OpenAI's default of 16 and chat
-    the rest of the context when known, else ``default_max_tokens``."""
+    and beam search. Without ``max_tokens`` (``max_output_tokens`` for responses),
+    completions use OpenAI's default of 16, and chat and responses the rest of the context
+    when known, else ``default_max_tokens``."""
     n = _count_param(body, "n", 1) or 1
     best_of = _count_param(body, "best_of", None) or n
     width = max(n, best_of)
     max_tokens = _count_param(body, "max_completion_tokens", None)
     if max_tokens is None:
         max_tokens = _count_param(body, "max_tokens", None)
+    if kind == "responses":
+        max_tokens = _count_param(body, "max_output_tokens", None)
     num_prompts = 1
     if kind == "completions":
         num_prompts = len(split_prompts(body.get("prompt")))

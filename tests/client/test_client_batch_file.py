@@ -62,10 +62,11 @@ def test_plain_lines_and_defaults():
         (b'{"id": "", "prompt": "x"}', "every line needs a non-empty 'custom_id' or 'id'"),
         (b'{"id": "a", "method": "GET", "prompt": "x"}', "method must be POST, got 'GET'"),
         (b'{"id": "a", "url": "/v1/embeddings", "body": {}}',
-         "url must be one of ['/v1/chat/completions', '/v1/completions'], got '/v1/embeddings'"),
+         "url must be one of ['/v1/chat/completions', '/v1/completions', '/v1/responses'], "
+         "got '/v1/embeddings'"),
         (b'{"id": "a", "body": "x"}', "'body' must be a JSON object"),
-        (b'{"id": "a", "input": "x"}',
-         "cannot tell the endpoint: the body has no messages or prompt"),
+        (b'{"id": "a", "text": "x"}',
+         "cannot tell the endpoint: the body has no messages, prompt or input"),
     ],
 )
 def test_bad_lines(line, reason):

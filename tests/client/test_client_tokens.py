@@ -61,6 +61,17 @@ async def test_count_dispatches_on_kind(counter):
     assert await counter.count("completions", {"prompt": "hello world"}) == PromptCount(2)
     chat = {"messages": [{"role": "user", "content": "hello world"}]}
     assert await counter.count("chat", chat) == PromptCount(3 + 3 + 1 + 2)
+    # A Responses API body counts as the chat messages it makes: instructions first.
+    assert await counter.count("responses", {"input": "hello world"}) == PromptCount(
+        3 + 3 + 1 + 2)
+    response = {"instructions": "hello", "input": [
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "hello world"}]}]}
+    assert await counter.count("responses", response) == PromptCount(
+        3 + (3 + 1 + 1) + (3 + 1 + 2))
+    with pytest.raises(InvalidRequestError) as info:
+        await counter.count("responses", {"input": []})
+    assert str(info.value) == "input must be a string or a non-empty list of messages, got []"
 
 
 @pytest.mark.parametrize(
@@ -97,6 +108,8 @@ async def test_bad_messages(counter):
         ("chat", {"max_completion_tokens": 7, "max_tokens": 100}, PromptCount(9), 16),
         ("chat", {}, PromptCount(9), 9 + 1000),
         ("chat", {}, PromptCount(9, max_model_len=512), 512),
+        ("responses", {"max_output_tokens": 7, "max_tokens": 100}, PromptCount(9), 16),
+        ("responses", {}, PromptCount(9, max_model_len=512), 512),
     ],
 )
 def test_reserved_tokens(kind, body, count, expected):

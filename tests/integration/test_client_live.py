@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import orjson
 import pytest
 
 from pagedserve.client import (
@@ -145,6 +146,38 @@ async def test_server_counter_equals_usage(client: AsyncClient, kind: str,
     resource = client.chat.completions if kind == "chat" else client.completions
     result = await resource.create(model=MODEL, max_tokens=1, temperature=0, **body)
     assert count == PromptCount(result.usage.prompt_tokens, MAX_MODEL_LEN)
+
+
+async def test_responses_in_a_batch(server: LiveServer, client: AsyncClient, offline: LLM,
+                                    tmp_path: Path) -> None:
+    # OpenAI batch lines for /v1/responses: counted exactly through /tokenize, answered once
+    # each, with the offline engine's text for the chat-templated conversation.
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+              "body": {"model": MODEL, "instructions": "You are terse.",
+                       "input": [{"role": "user", "content": [
+                           {"type": "input_text", "text": f"Name cache {i}."}]}],
+                       "max_output_tokens": 4, "temperature": 0}} for i in range(6)]
+    source, output = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    pool = PoolConfig(base_urls=[server.base_url], max_inflight_tokens=4096)
+    summary = await run_batch_file(source, output, pool,
+                                   RunOptions(counter="server"))
+    assert (summary.succeeded, summary.failed) == (6, 0)
+    tokenizer = offline.get_tokenizer()
+    for record in read_jsonl(output):
+        i = int(record["custom_id"][1:])
+        messages = [{"role": "system", "content": "You are terse."},
+                    {"role": "user", "content": f"Name cache {i}."}]
+        ids = tokenizer.encode(tokenizer.apply_chat_template(messages),
+                               add_special_tokens=False)
+        want = greedy(offline, ids, 4)
+        body = record["response"]["body"]
+        assert body["object"] == "response"
+        assert body["output"][0]["content"][0]["text"] == want.text
+        assert body["usage"]["input_tokens"] == len(ids)
+        count = await ServerTokenCounter(client, model=MODEL).count("responses",
+                                                                    lines[i]["body"])
+        assert count == PromptCount(len(ids), MAX_MODEL_LEN)
 
 
 def most_admitted(reservations: list[int], budget: int) -> int:
