@@ -30,7 +30,7 @@ from pagedserve.client.errors import (
     transport_error,
 )
 from pagedserve.client.models import Models
-from pagedserve.client.resources import Chat, Completions
+from pagedserve.client.resources import Chat, Completions, Responses
 from pagedserve.client.retry import RetryPolicy, is_retryable
 from pagedserve.client.streaming import Stream
 from pagedserve.client.types import ServerLoad, TokenizeResult, parse_response
@@ -145,6 +145,7 @@ class AsyncClient:
         self._session: aiohttp.ClientSession | None = None
         self.completions = Completions(self)
         self.chat = Chat(self)
+        self.responses = Responses(self)
         self.models = Models(self)
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
+from pagedserve.client.response_types import Response, ResponseStreamEvent
 from pagedserve.client.streaming import Stream
 from pagedserve.client.types import (
     ChatCompletion,
@@ -168,3 +169,52 @@ class Chat:
 
     def __init__(self, client: AsyncClient) -> None:
         self.completions = ChatCompletions(client)
+
+
+class Responses(_Resource[Response, ResponseStreamEvent]):
+    """``POST /v1/responses``: a ``Response``, or a ``Stream`` of its typed events."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        super().__init__(client, RESPONSES_PATH, Response.from_dict,
+                         ResponseStreamEvent.from_dict)
+
+    @overload
+    async def create(
+        self,
+        *,
+        model: str,
+        input: str | list[dict[str, Any]],
+        stream: Literal[False] = False,
+        max_output_tokens: int | None = None,
+        timeout: Timeout | float | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Response: ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        model: str,
+        input: str | list[dict[str, Any]],
+        stream: Literal[True],
+        max_output_tokens: int | None = None,
+        timeout: Timeout | float | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Stream[ResponseStreamEvent]: ...
+
+    async def create(
+        self,
+        *,
+        model: str,
+        input: str | list[dict[str, Any]],
+        stream: bool = False,
+        max_output_tokens: int | None = None,
+        timeout: Timeout | float | None = None,
+        extra_headers: Mapping[str, str] | None = None,
+        **params: Any,
+    ) -> Response | Stream[ResponseStreamEvent]:
+        fields = {"model": model, "input": input, "max_output_tokens": max_output_tokens,
+                  **params}
+        return await self._create(fields, stream, timeout, extra_headers)

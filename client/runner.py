@@ -24,9 +24,10 @@ from pagedserve.client.batch import BatchRequest, BatchResult, BatchSummary
 from pagedserve.client.errors import ClientError, InvalidRequestError
 from pagedserve.client.pool import EndpointPool, Grant
 from pagedserve.client.progress import BatchProgress
+from pagedserve.client.response_types import Response
 from pagedserve.client.retry import endpoint_is_down, is_retryable
 from pagedserve.client.tokens import TiktokenCounter, TokenCounter, reserved_tokens
-from pagedserve.client.types import ChatCompletion, Completion, Response, parse_response
+from pagedserve.client.types import ChatCompletion, Completion, parse_response
 from pagedserve.common.load_hints import LoadHints
 
 DEFAULT_NUM_WORKERS = 256

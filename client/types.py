@@ -225,45 +225,6 @@ class ChatCompletion:
 
 
 @dataclass(slots=True, frozen=True)
-class Response:
-    """The answer of ``POST /v1/responses``: its text (the ``output_text`` parts of its
-    messages) and its usage in ``Usage``'s names (input → prompt, output → completion)."""
-
-    id: str
-    model: str
-    created_at: int
-    status: str
-    output_text: str
-    usage: Usage | None
-    raw: dict[str, Any] = field(repr=False, compare=False)
-    response_headers: Mapping[str, str] = field(
-        default_factory=CIMultiDict, repr=False, compare=False
-    )
-
-    @classmethod
-    def from_dict(
-        cls, data: dict[str, Any], response_headers: Mapping[str, str] | None = None
-    ) -> Response:
-        status = _require(data, "status", "response")
-        text = "".join(part["text"] for item in _require(data, "output", "response")
-                       if item.get("type") == "message" for part in item.get("content") or []
-                       if part.get("type") == "output_text")
-        usage = data.get("usage")
-        return cls(
-            id=str(data.get("id", "")),
-            model=str(data.get("model", "")),
-            created_at=int(data.get("created_at") or 0),
-            status=str(status),
-            output_text=text,
-            usage=Usage.from_dict(usage and {"prompt_tokens": usage.get("input_tokens"),
-                                             "completion_tokens": usage.get("output_tokens"),
-                                             "total_tokens": usage.get("total_tokens")}),
-            raw=data,
-            response_headers=CIMultiDict(response_headers or {}),
-        )
-
-
-@dataclass(slots=True, frozen=True)
 class CompletionChunkChoice:
     index: int
     text: str

@@ -24,6 +24,8 @@ from pagedserve.client import (
     run_batch,
     run_batch_file,
 )
+from pagedserve.client.errors import APIStreamError
+from pagedserve.client.response_types import Response, ResponseStreamEvent
 from pagedserve.client.tokens import PromptCount
 from pagedserve.client.types import ChatCompletion, Completion, Usage
 from pagedserve.common.load_hints import LoadHints
@@ -132,6 +134,34 @@ async def test_chat_stream_equals_offline_engine(client: AsyncClient, offline: L
     assert "".join(c.choices[0].delta.content or "" for c in token_chunks) == expected.text
     assert token_chunks[-1].choices[0].finish_reason == "length"
     assert usage_chunk.usage == usage_of(prompt_ids, expected)
+
+
+async def test_responses_equal_offline_engine(client: AsyncClient, offline: LLM) -> None:
+    prompt_ids = chat_ids(offline)
+    expected = greedy(offline, prompt_ids, 6)
+    result = await client.responses.create(model=MODEL, instructions="You are terse.",
+                                           input="Name a cache.", max_output_tokens=6,
+                                           temperature=0)
+    assert isinstance(result, Response)
+    assert result.output_text == expected.text
+    assert result.usage == usage_of(prompt_ids, expected)
+    assert result.status == ("incomplete" if expected.finish_reason == "length"
+                             else "completed")
+    stream = await client.responses.create(model=MODEL, instructions="You are terse.",
+                                           input="Name a cache.", max_output_tokens=6,
+                                           temperature=0, stream=True)
+    events = [event async for event in stream]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events
+                   if e.type == "response.output_text.delta") == expected.text
+    assert events[-1].response.output_text == expected.text
+    assert events[-1].response.usage == usage_of(prompt_ids, expected)
+
+
+def test_an_error_event_raises() -> None:
+    event = {"type": "error", "code": None, "message": "the engine failed", "param": None}
+    with pytest.raises(APIStreamError, match=r"^the engine failed$"):
+        ResponseStreamEvent.from_dict(event)
 
 
 @pytest.mark.parametrize("kind, body", [
