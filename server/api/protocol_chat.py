@@ -96,6 +96,7 @@ class ChatCompletionRequest:
     logprobs: bool
     top_logprobs: int | None
     tokens_as_ids: bool  # vLLM's return_tokens_as_token_ids
+    echo: bool  # vLLM's: the reply starts with the last message, if the assistant's
     rendering: ChatRendering
     encoding: PromptEncoding
     sampling: dict[str, Any]
@@ -126,6 +127,7 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         tokens_as_ids=fields.boolean("return_tokens_as_token_ids", False),
+        echo=fields.boolean("echo", False),
         rendering=read_chat_rendering(fields),
         encoding=read_prompt_encoding(fields, add_special_tokens=False),
         sampling=read_sampling_fields(fields),

@@ -87,7 +87,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
     choices = [
         {
             "index": o.index,
-            "message": {"role": ROLE, "content": o.text},
+            "message": {"role": ROLE, "content": view.echoed + o.text},
             "logprobs": view.logprobs(o.token_ids, new_logprobs(o, 0)),
             "finish_reason": o.finish_reason,
             "stop_reason": o.stop_reason,
@@ -110,6 +110,7 @@ class _ChatView:
         self.params = params
         self.request_id = request_id
         self.created = now_seconds()
+        self.echoed = _echoed(req)
 
     def envelope(self, kind: str) -> dict[str, Any]:
         return self.serving.envelope(self.request_id, self.created, kind)
@@ -129,7 +130,8 @@ class _ChatView:
         async for i, output in batch.outputs():
             chunks = []
             for d in tracker.deltas(i, output):
-                delta = {"content": d.text} if d.token_ids or d.text else {}
+                text = self.echoed + d.text if d.first else d.text
+                delta = {"content": text} if d.token_ids or text else {}
                 if d.first:
                     # The role rides on the choice's first token, as vLLM sends it: a chunk
                     # with choices before any token would read as the first token to clients
@@ -147,3 +149,15 @@ class _ChatView:
             yield chunks
         if self.req.include_usage:
             yield [{**envelope, "choices": [], "usage": tracker.usage()}]
+
+
+def _echoed(req: ChatCompletionRequest) -> str:
+    """With vLLM's ``echo``, the text each reply starts with: the last message's content when
+    it is the assistant's (a reply being continued), else nothing."""
+    last = req.messages[-1]
+    if not req.echo or not isinstance(last, dict) or last.get("role") != ROLE:
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):
+        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""

@@ -197,3 +197,29 @@ async def test_continue_final_message_with_a_generation_prompt_is_a_400(
             "message": "continue_final_message and add_generation_prompt cannot both be "
                        "true: set add_generation_prompt to false to continue the last message",
             "type": "invalid_request_error", "param": "continue_final_message", "code": None}})
+
+
+async def test_echo_starts_the_reply_with_the_continued_message(client: AsyncOpenAI,
+                                                               offline: LLM) -> None:
+    tokenizer = offline.get_tokenizer()
+    text = tokenizer.apply_chat_template(PREFILLED, add_generation_prompt=False,
+                                         continue_final_message=True)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    want = offline.generate([{"prompt_token_ids": ids}],
+                            SamplingParams(temperature=0, max_tokens=4))[0].outputs[0]
+    extra = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
+    result = await client.chat.completions.create(model=MODEL, messages=PREFILLED,
+                                                  max_tokens=4, temperature=0,
+                                                  extra_body=extra)
+    assert result.choices[0].message.content == "An LRU" + want.text
+    assert result.usage.completion_tokens == len(want.token_ids)
+    stream = await client.chat.completions.create(model=MODEL, messages=PREFILLED,
+                                                  max_tokens=4, temperature=0, stream=True,
+                                                  extra_body=extra)
+    pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
+    assert pieces[0].startswith("An LRU") and "".join(pieces) == "An LRU" + want.text
+    # The last message is the user's: nothing to echo.
+    plain = await client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4,
+                                                 temperature=0, extra_body={"echo": True})
+    assert plain.choices[0].message.content == reference(
+        offline, temperature=0, max_tokens=4).outputs[0].text
