@@ -6,6 +6,8 @@ Routes:
   sampling extras; ``stream`` sends Server-Sent Events ending with ``data: [DONE]``. Chat
   prompts come from the model's chat template (``tokenizer_config.json``), or ChatML when
   it has none (``pagedserve.server.tokenizer.chat_template.DEFAULT_CHAT_TEMPLATE``).
+- ``POST /v1/responses``: OpenAI's Responses API for text (``protocol_responses``); its
+  stream sends typed events (``event: TYPE`` lines) and no ``[DONE]``.
 - ``GET /v1/models``, ``GET /v1/models/{model}``
 - ``POST /tokenize`` (``prompt`` or ``messages``) and ``POST /detokenize`` (``tokens``)
 - ``GET /health`` (200 while the engine loop runs, 503 otherwise or while draining),
