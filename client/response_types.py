@@ -11,14 +11,8 @@ from typing import Any
 
 from multidict import CIMultiDict
 
-from pagedserve.client.errors import APIResponseValidationError, APIStreamError
-from pagedserve.client.types import Usage
-
-
-def _field(data: Any, key: str, what: str) -> Any:
-    if not isinstance(data, dict) or key not in data:
-        raise APIResponseValidationError(f"{what} has no {key!r} field", body=data)
-    return data[key]
+from pagedserve.client.errors import APIStreamError
+from pagedserve.client.types import Usage, require_field
 
 
 @dataclass(slots=True, frozen=True)
@@ -41,8 +35,8 @@ class Response:
     def from_dict(
         cls, data: dict[str, Any], response_headers: Mapping[str, str] | None = None
     ) -> Response:
-        status = _field(data, "status", "response")
-        text = "".join(part["text"] for item in _field(data, "output", "response")
+        status = require_field(data, "status", "response")
+        text = "".join(part["text"] for item in require_field(data, "output", "response")
                        if item.get("type") == "message" for part in item.get("content") or []
                        if part.get("type") == "output_text")
         usage = data.get("usage")
@@ -74,7 +68,7 @@ class ResponseStreamEvent:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ResponseStreamEvent:
-        kind = str(_field(data, "type", "response stream event"))
+        kind = str(require_field(data, "type", "response stream event"))
         if kind == "error":
             raise APIStreamError(str(data.get("message")), body=data)
         response = data.get("response")

@@ -27,7 +27,8 @@ def parse_response(from_dict: Callable[..., T], data: Any, *args: Any) -> T:
         raise APIResponseValidationError(f"unexpected response shape: {exc!r}", body=data) from exc
 
 
-def _require(data: Any, key: str, what: str) -> Any:
+def require_field(data: Any, key: str, what: str) -> Any:
+    """``data[key]``, or the server's fault reported when ``data`` has no such field."""
     if not isinstance(data, dict) or key not in data:
         raise APIResponseValidationError(f"{what} has no {key!r} field", body=data)
     return data[key]
@@ -41,7 +42,7 @@ def _parse_answer(
     what: str,
 ) -> T:
     """A ``Completion`` or ``ChatCompletion``: they differ only in how a choice is parsed."""
-    choices = _require(data, "choices", what)
+    choices = require_field(data, "choices", what)
     return cls(
         id=str(data.get("id", "")),
         model=str(data.get("model", "")),
@@ -57,7 +58,7 @@ def _parse_chunk(
     cls: Callable[..., T], data: dict[str, Any], choice: ChoiceParser, what: str
 ) -> T:
     """A ``CompletionChunk`` or ``ChatCompletionChunk``; as ``_parse_answer``, less two fields."""
-    choices = [choice(c) for c in _require(data, "choices", what)]
+    choices = [choice(c) for c in require_field(data, "choices", what)]
     return cls(
         id=str(data.get("id", "")),
         model=str(data.get("model", "")),
@@ -145,7 +146,7 @@ class CompletionChoice:
     def from_dict(cls, data: dict[str, Any]) -> CompletionChoice:
         return cls(
             index=int(data.get("index", 0)),
-            text=_require(data, "text", "completion choice"),
+            text=require_field(data, "text", "completion choice"),
             finish_reason=data.get("finish_reason"),
             logprobs=CompletionLogprobs.from_dict(data.get("logprobs")),
         )
@@ -167,7 +168,7 @@ class ChatChoice:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChatChoice:
-        message = _require(data, "message", "chat choice")
+        message = require_field(data, "message", "chat choice")
         return cls(
             index=int(data.get("index", 0)),
             message=ChatMessage(
@@ -305,7 +306,7 @@ class TokenizeResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TokenizeResult:
-        count = _require(data, "count", "tokenize response")
+        count = require_field(data, "count", "tokenize response")
         limit = data.get("max_model_len")
         tokens = list(data.get("tokens") or [])
         return cls(int(count), tokens, None if limit is None else int(limit))
@@ -332,7 +333,7 @@ class ServerLoad:
             return None if data.get(key) is None else int(data[key])
 
         return cls(
-            kv_cache_usage=float(_require(data, "kv_cache_usage", "/load response")),
+            kv_cache_usage=float(require_field(data, "kv_cache_usage", "/load response")),
             num_waiting=int(data.get("num_waiting") or 0),
             num_running=int(data.get("num_running") or 0),
             free_token_capacity=int(data.get("free_token_capacity") or 0),

@@ -30,6 +30,7 @@ from pagedserve.server.api.serving_common import (
 from pagedserve.server.api.sse import stream_events
 from pagedserve.server.engine.outputs import PositionLogprobs
 from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.tokenizer.chat_template import content_text
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
@@ -154,10 +155,7 @@ class _ChatView:
 def _echoed(req: ChatCompletionRequest) -> str:
     """With vLLM's ``echo``, the text each reply starts with: the last message's content when
     it is the assistant's (a reply being continued), else nothing."""
-    last = req.messages[-1]
-    if not req.echo or not isinstance(last, dict) or last.get("role") != ROLE:
+    last = req.messages[-1]  # rendered by now, so a valid message
+    if not req.echo or last.get("role") != ROLE:
         return ""
-    content = last.get("content")
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
+    return content_text(len(req.messages) - 1, last.get("content") or "")

@@ -42,14 +42,13 @@ class _Prompt:
 
     def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool,
                  encoding: PromptEncoding) -> None:
-        text = prompt if isinstance(prompt, str) else None
         ids = (serving.tokenizer.encode(prompt, add_special_tokens=encoding.add_special_tokens)
                if isinstance(prompt, str) else prompt)
         self.token_ids = encoding.truncate(ids, serving.engine.max_model_len)
-        if len(self.token_ids) < len(ids):
-            text = None  # the text of what is left, if needed, from its ids
-        self.text = serving.tokenizer.decode(self.token_ids) if need_text and text is None \
-            else text
+        if isinstance(prompt, str) and len(self.token_ids) == len(ids):
+            self.text: str | None = prompt
+        else:  # token ids, or what truncation left: its text only where echo needs it
+            self.text = serving.tokenizer.decode(self.token_ids) if need_text else None
 
 
 async def create_completion(request: web.Request) -> web.StreamResponse:

@@ -143,13 +143,14 @@ def _validate_message(i: int, message: object) -> dict[str, Any]:
     if not isinstance(role, str) or role not in ROLES:
         _fail(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
     if "content" in checked:
-        checked["content"] = _content_text(i, checked["content"])
+        checked["content"] = content_text(i, checked["content"])
     elif not (role == "assistant" and checked.get("tool_calls")):
         _fail(f"messages[{i}] is missing 'content'")
     return checked
 
 
-def _content_text(i: int, content: object) -> str:
+def content_text(i: int, content: object) -> str:
+    """Message ``i``'s content as text: a string as it is, text parts joined by newlines."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
