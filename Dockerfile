@@ -12,11 +12,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /opt/pagedserve/src
 COPY pyproject.toml constraints.txt README.md ./
-COPY server ./server
-COPY common ./common
-COPY client ./client
-COPY kernels ./kernels
-COPY loadgen ./loadgen
+COPY pagedserve ./pagedserve
 
 # constraints.txt pins torch; the PyTorch CPU index serves that pin without CUDA libraries.
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \

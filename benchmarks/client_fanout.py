@@ -125,7 +125,7 @@ def running_server(model: str, port: int, extra: list[str], log: Path,
                    env: dict[str, str] | None = None, cpus: set[int] | None = None):
     """``pagedserve serve`` in a child process; ``cpus``: the cores it (every thread it
     starts) may run on."""
-    command = [sys.executable, "-m", "pagedserve.server.cli.main", "serve",
+    command = [sys.executable, "-m", "pagedserve.cli.main", "serve",
                "--model", model, "--port", str(port), *extra]
     pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     with log.open("wb") as out:

@@ -79,7 +79,7 @@ build_peer_model(sys.argv[1], PeerModelShape(
     hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
     intermediate_size=5504, vocab_size=8192))
 EOF
-    "$py" -m pagedserve.server.cli.main serve --model "$work/model" --device cuda \
+    "$py" -m pagedserve.cli.main serve --model "$work/model" --device cuda \
         --dtype bfloat16 --host 127.0.0.1 --port "$port" --max-num-seqs 256 \
         >"$out/server.log" 2>&1 &
     local server=$!
@@ -91,7 +91,7 @@ EOF
     done
     local rc=1
     if [ "$ready" = 1 ]; then
-        timeout 150 "$py" -m pagedserve.server.cli.main bench --base-url "http://127.0.0.1:$port" \
+        timeout 150 "$py" -m pagedserve.cli.main bench --base-url "http://127.0.0.1:$port" \
             --model "$work/model" --tokenizer server --dataset-name random \
             --random-input-len 256 --random-output-len 128 --num-prompts 1024 \
             --max-concurrency 256 --request-rate inf --ignore-eos --seed 0 --disable-tqdm \

@@ -103,7 +103,7 @@ class ServerProcess:
     """``pagedserve serve`` on a free port, stopped with SIGTERM (a graceful drain)."""
 
     def __init__(self, engine_cli: list[str]) -> None:
-        command = [sys.executable, "-m", "pagedserve.server.cli.main", "serve", "--host",
+        command = [sys.executable, "-m", "pagedserve.cli.main", "serve", "--host",
                    "127.0.0.1", "--port", "0", "--served-model-name", "bench",
                    "--disable-access-log", *engine_cli]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)

@@ -173,7 +173,7 @@ def slope_per_min(times: list[float], values: list[float]) -> float:
 
 
 def start_server(dtype: str) -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "pagedserve.server.cli.main", "serve", "--model", MODEL,
+    command = [sys.executable, "-m", "pagedserve.cli.main", "serve", "--model", MODEL,
                "--host", "127.0.0.1", "--port", "0", "--dtype", dtype, *SERVER_FLAGS]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + _START_TIMEOUT_S

@@ -14,20 +14,13 @@ by its test gets the CPU's default 1 GiB instead.
 The CPU KV cache is not prefaulted either ($PAGEDSERVE_KV_CACHE_PREFAULT=0): a test process
 holds many engines of 1 GiB default caches at once, and writing each whole would commit all
 of that memory. tests/engine/test_kv_cache_prefault.py and the start-up log test turn it on.
-
-The project root is on ``sys.path`` for the suite (``tests`` is imported from it), and so is
-its ``kernels/`` folder, under the bare name ``kernels``; that name also belongs to the Hub
-kernels distribution transformers imports. The installed one is bound to the name first.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
@@ -35,23 +28,6 @@ import torch
 from pagedserve.kernels.dispatch import BACKEND_ENV
 from pagedserve.server.engine.config import DEFAULT_KV_CACHE_MEMORY, CacheConfig
 from pagedserve.server.engine.engine_args import PREFAULT_ENV, EngineArgs
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _import_installed_kernels() -> None:
-    """Imports the ``kernels`` distribution from outside the project root, if one is installed."""
-    saved = list(sys.path)
-    sys.path[:] = [p for p in saved if Path(p or os.curdir).resolve() != PROJECT_ROOT]
-    try:
-        importlib.import_module("kernels")
-    except ImportError:
-        pass
-    finally:
-        sys.path[:] = saved
-
-
-_import_installed_kernels()
 
 
 def _unless_set(name: str, value: str) -> Iterator[None]:

@@ -100,7 +100,7 @@ async def start_serve_process(model_dir: Path, *args: str, env: dict[str, str] |
     """``pagedserve serve`` on the test checkpoint as a child process (stdout piped), once it
     prints its address; returns the process and its base URL."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pagedserve.server.cli.main", "serve", "--model", str(model_dir),
+        sys.executable, "-m", "pagedserve.cli.main", "serve", "--model", str(model_dir),
         "--host", "127.0.0.1", "--port", "0", "--served-model-name", "tiny-test",
         "--num-kv-blocks", "64", "--disable-access-log", *args,
         stdout=asyncio.subprocess.PIPE,

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagedserve.cli import generate, main, serve
 from pagedserve.server.api import ServerConfig
 from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.cli import generate, main, serve
 from pagedserve.server.engine.engine_args import PREFAULT_ENV, EngineArgs, resolve_device
 from pagedserve.server.models.config import ModelConfig
 
@@ -152,7 +152,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 async def test_startup_log(model_dir: Path) -> None:
     """A real ``pagedserve serve MODEL`` process logs what it runs before it says it serves."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pagedserve.server.cli.main", "serve", str(model_dir),
+        sys.executable, "-m", "pagedserve.cli.main", "serve", str(model_dir),
         "--host", "127.0.0.1", "--port", "0", "--served-model-name", "tiny-test",
         "--num-kv-blocks", "48", "--max-num-seqs", "8", "--max-model-len", "512",
         "--dtype", "float32", "--disable-access-log", stdout=asyncio.subprocess.PIPE,

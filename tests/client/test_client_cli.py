@@ -48,7 +48,7 @@ def test_bad_arguments(flag, value, message, capsys):
 
 async def _pagedserve(*argv: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pagedserve.server.cli.main", *argv,
+        sys.executable, "-m", "pagedserve.cli.main", *argv,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, stderr = await asyncio.wait_for(process.communicate(), timeout=60)

@@ -53,7 +53,7 @@ def test_mypy_sees_the_client_types_in_a_user_script(tmp_path):
     # Laid out as an installed package (a sys.path entry outside the project), where mypy
     # reads types only from a package that carries py.typed (PEP 561).
     site = tmp_path / "site" / "pagedserve"
-    shutil.copytree(Path(pagedserve.client.__file__).parent, site / "client",
+    shutil.copytree(Path(pagedserve.__file__).parent, site,
                     ignore=shutil.ignore_patterns("__pycache__"))
     script = tmp_path / "user.py"
     script.write_text(USER_SCRIPT)
@@ -74,10 +74,10 @@ def test_py_typed_and_the_sonnets_are_package_data():
     tomllib = pytest.importorskip("tomllib")
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     package_data = config["tool"]["setuptools"]["package-data"]
-    assert "py.typed" in package_data["pagedserve.client"]
-    assert (ROOT / "client" / "py.typed").is_file()
+    assert "py.typed" in package_data["pagedserve"]
+    assert (ROOT / "pagedserve" / "py.typed").is_file()
     assert "sonnets.txt" in package_data["pagedserve.loadgen"]
-    assert (ROOT / "loadgen" / "sonnets.txt").is_file()
+    assert (ROOT / "pagedserve" / "loadgen" / "sonnets.txt").is_file()
     assert "mypy>=1.10" in config["project"]["optional-dependencies"]["test"]
 
 

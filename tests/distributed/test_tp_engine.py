@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from pagedserve.cli.startup_log import startup_lines
 from pagedserve.server import LLM, BeamSearchParams, SamplingParams
 from pagedserve.server.api.config import ServerConfig
-from pagedserve.server.cli.startup_log import startup_lines
 from pagedserve.server.engine.parallel_info import ParallelInfo
 from pagedserve.server.engine.step_message import StepMessage
 from tests.e2e.conftest import prompt_token_ids

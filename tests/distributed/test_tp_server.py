@@ -17,9 +17,9 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagedserve.cli.serve import EXIT_ENGINE_FAILED
 from pagedserve.client.sse import iter_sse
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.cli.serve import EXIT_ENGINE_FAILED
 from tests.live_model import MODEL, write_live_model
 
 NUM_KV_BLOCKS = 64
@@ -89,7 +89,7 @@ async def wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
 @pytest_asyncio.fixture
 async def server(model_dir: Path) -> AsyncIterator[Server]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pagedserve.server.cli.main", "serve", "--model", str(model_dir),
+        sys.executable, "-m", "pagedserve.cli.main", "serve", "--model", str(model_dir),
         "--host", "127.0.0.1", "--port", "0", "--served-model-name", MODEL,
         "--dtype", "float32", "-tp", "2", "--num-kv-blocks", str(NUM_KV_BLOCKS),
         "--disable-access-log",

@@ -84,14 +84,14 @@ def test_tiny_model_generates_text_with_cl100k(tmp_path: Path) -> None:
 def test_generate_command(llama_case: tuple) -> None:
     model_dir = llama_case[0]
     done = subprocess.run(
-        [sys.executable, "-m", "pagedserve.server.cli.main", "generate", "hello there",
+        [sys.executable, "-m", "pagedserve.cli.main", "generate", "hello there",
          "--model", str(model_dir), "--dtype", "float32", "--max-tokens", "5"],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert "'hello there' -> " in done.stdout and "[5 tokens, finish_reason=length]" in done.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "pagedserve.server.cli.main", "generate", "x", "--model",
+        [sys.executable, "-m", "pagedserve.cli.main", "generate", "x", "--model",
          str(model_dir), "--max-tokens", "100000"],
         capture_output=True, text=True, timeout=120,
     )

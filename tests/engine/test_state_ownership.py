@@ -17,7 +17,7 @@ import pytest
 from pagedserve.server.engine.block import KVCacheBlock
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup
 
-ENGINE = Path(__file__).resolve().parents[2] / "server" / "engine"
+ENGINE = Path(__file__).resolve().parents[2] / "pagedserve" / "server" / "engine"
 # The scheduler (two files), the block manager with its pools and blocks, and Sequence's
 # own methods.
 OWNERS = {"scheduler.py", "scheduler_updates.py", "block_manager.py", "block_pool.py",

@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pagedserve.cli.main import main
 from pagedserve.loadgen.compare import format_comparison, format_number, format_ratio, ratio
 from pagedserve.loadgen.plots import (
     latency_cdf_figure,
@@ -20,7 +21,6 @@ from pagedserve.loadgen.plots import (
 from pagedserve.loadgen.request import RequestResult
 from pagedserve.loadgen.runner import RunOutcome
 from pagedserve.loadgen.summary import format_summary
-from pagedserve.server.cli.main import main
 
 A = {"completed": 100, "failed": 0, "duration": 10.0, "request_throughput": 10.0,
      "output_throughput": 500.0, "mean_ttft_ms": 40.0, "p99_ttft_ms": 90.0,

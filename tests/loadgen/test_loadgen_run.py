@@ -11,12 +11,12 @@ from pathlib import Path
 import orjson
 import pytest
 
+from pagedserve.cli.main import main
 from pagedserve.loadgen.arrivals import arrivals_rng, schedule
 from pagedserve.loadgen.bench import make_session
 from pagedserve.loadgen.config import LoadShape, RequestSpec
 from pagedserve.loadgen.datasets import SampleRequest
 from pagedserve.loadgen.runner import BenchmarkRunner
-from pagedserve.server.cli.main import main
 
 FAULTS = {3: "http500", 5: "drop", 7: "malformed", 9: "error_event", 11: "no_done"}
 

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
+from pagedserve.cli.main import main
 from pagedserve.loadgen.cli import add_arguments
 from pagedserve.loadgen.cli_options import settings_from_args
 from pagedserve.loadgen.datasets import DatasetSpec, SampleRequest, load_dataset
@@ -20,7 +21,6 @@ from pagedserve.loadgen.hf_tokenizer import HFTokenizerCounter
 from pagedserve.loadgen.request import build_payload
 from pagedserve.loadgen.sonnet import BASE_PROMPT, read_poem_lines
 from pagedserve.loadgen.tokenizers import TiktokenCounter
-from pagedserve.server.cli.main import main
 
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|user|>\n{{ m['content'] }}\n"
                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")

@@ -1,6 +1,6 @@
 """pagedserve's server side: the paged-KV engine, its models and the HTTP API.
 
-Heavy imports (torch) happen on first use of ``LLM`` so that ``pagedserve.server.cli`` and
+Heavy imports (torch) happen on first use of ``LLM`` so that ``pagedserve.cli`` and
 the API's light modules import quickly.
 """
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pagedserve.cli.startup_log import startup_lines
 from pagedserve.server.api.app import create_app, make_runner, make_site
 from pagedserve.server.api.config import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
@@ -38,7 +39,6 @@ from pagedserve.server.api.shutdown import (
     wait_engine_failure,
 )
 from pagedserve.server.api.state import ENGINE_KEY
-from pagedserve.server.cli.startup_log import startup_lines
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
 

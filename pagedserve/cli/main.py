@@ -11,8 +11,8 @@ from collections.abc import Sequence
 # Each subcommand module defines ``add_arguments(parser)`` and ``run(args) -> int``.
 # Modules are named as strings so that `pagedserve bench` never imports torch.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("pagedserve.server.cli.generate", "generate text offline with the engine"),
-    "serve": ("pagedserve.server.cli.serve", "run the OpenAI-compatible HTTP server"),
+    "generate": ("pagedserve.cli.generate", "generate text offline with the engine"),
+    "serve": ("pagedserve.cli.serve", "run the OpenAI-compatible HTTP server"),
     "batch": ("pagedserve.client.cli", "run a JSONL batch against a server under a token budget"),
     "bench": ("pagedserve.loadgen.cli", "measure an OpenAI-compatible server"),
 }
