@@ -3,7 +3,8 @@
 Backends: ``"torch"`` (the reference in this package, any device), ``"triton"``
 (``pagedserve.kernels.triton``, imported only when chosen) and ``"inductor"`` (CPU: decode
 attention compiled by torch.compile, reading KV blocks in place, ``compiled_attention.py``;
-linear weights prepacked for oneDNN, ``cpu_linear.py``).
+linear weights prepacked for oneDNN, ``cpu_linear.py``; quantized weights on torch's int8/int4
+weight-only ops, ``cpu_quantized_linear.py``).
 ``"cpu"`` is the inductor bundle with decode attention, the KV cache writes, the element-wise
 layer ops and the sampling race in C instead (``cpu_attention.py``, ``cpu_cache_ops.py``,
 ``cpu_layer_ops.py``, ``cpu_sampling.py``, built for the host on first use).
@@ -26,6 +27,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from pagedserve.kernels import attention, cache_ops, layer_ops, native_build
+from pagedserve.kernels.quantized_linear import QuantKernel
 
 BACKENDS = ("auto", "torch", "triton", "inductor", "cpu")
 BACKEND_ENV = "PAGEDSERVE_KERNEL_BACKEND"
@@ -63,6 +65,9 @@ class KernelOps:
     # Whether attention reads a KV cache kept in another dtype than the query's
     # (--kv-cache-dtype bfloat16 under a float32 model).
     reads_other_cache_dtypes: bool = False
+    # Quantized matmuls in order of preference (``quantized_linear.choose_kernel``); a weight
+    # none of them takes runs on the reference, dequantize then ``F.linear``.
+    quantized_kernels: tuple[QuantKernel, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +118,7 @@ def _triton_ops() -> KernelOps:
 
 
 def _inductor_ops() -> KernelOps:
-    from pagedserve.kernels import compiled_attention, cpu_linear
+    from pagedserve.kernels import compiled_attention, cpu_linear, cpu_quantized_linear
 
     return KernelOps(
         name="inductor",
@@ -126,6 +131,7 @@ def _inductor_ops() -> KernelOps:
         linear_packing=LinearPacking(cpu_linear.supports, cpu_linear.pack_weight,
                                      cpu_linear.linear, cpu_linear.worth_packing),
         reads_other_cache_dtypes=True,
+        quantized_kernels=cpu_quantized_linear.CPU_KERNELS,
     )
 
 

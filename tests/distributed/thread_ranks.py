@@ -36,9 +36,10 @@ _TIMEOUT = timedelta(seconds=60)
 
 class Rank(threading.Thread):
     def __init__(self, path: Path, rank: int, world_size: int, store: dist.Store,
-                 num_blocks: int) -> None:
+                 num_blocks: int, quantization: str | None = None) -> None:
         super().__init__(daemon=True, name=f"rank-{rank}")
         self.args = (path, rank, world_size, store, num_blocks)
+        self.quantization = quantization
         self.inbox: queue.Queue[StepMessage | None] = queue.Queue()
         self.outbox: queue.Queue[torch.Tensor | BaseException | None] = queue.Queue()
 
@@ -48,7 +49,8 @@ class Rank(threading.Thread):
             pg = dist.ProcessGroupGloo(dist.PrefixStore("tp", store), rank, world_size,
                                        _TIMEOUT)
             group = TensorParallelGroup(rank, world_size, pg, pg)
-            model, config = load_model(path, dtype="float32", group=group)
+            model, config = load_model(path, dtype="float32", group=group,
+                                       quantization=self.quantization)
             cache = KVCache(shard_config(config, world_size), BLOCK_SIZE, num_blocks, 0,
                             model.dtype, "cpu", model.kernel_ops)
             runner = ModelRunner(model, cache, BLOCK_SIZE, torch.device("cpu"))
@@ -83,12 +85,13 @@ def _message(tables: list[list[int]], chunks: list[list[int]], done: list[int]
 
 
 def greedy_on_ranks(path: Path, prompts: list[list[int]], max_new_tokens: int,
-                    world_size: int) -> list[list[int]]:
-    """Each prompt's greedy continuation computed by ``world_size`` ranks."""
+                    world_size: int, quantization: str | None = None) -> list[list[int]]:
+    """Each prompt's greedy continuation computed by ``world_size`` ranks (each quantizing
+    its own shard with ``quantization``)."""
     per_seq = math.ceil((max(map(len, prompts)) + max_new_tokens) / BLOCK_SIZE)
     tables = [list(range(s * per_seq, (s + 1) * per_seq)) for s in range(len(prompts))]
     store = dist.HashStore()
-    ranks = [Rank(path, r, world_size, store, per_seq * len(prompts))
+    ranks = [Rank(path, r, world_size, store, per_seq * len(prompts), quantization)
              for r in range(world_size)]
     for rank in ranks:
         rank.start()

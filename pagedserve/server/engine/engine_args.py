@@ -13,6 +13,10 @@ from pagedserve.server.engine.config import KV_CACHE_DTYPES, CacheConfig, Schedu
 if TYPE_CHECKING:
     import torch
 
+# The --quantization choices (pagedserve.server.models.quantized_linear.QUANTIZATIONS, named
+# here too so that the CLI parser imports no torch).
+QUANTIZATIONS = ("none", "gguf", "int8", "int4")
+
 # Read when kv_cache_prefault is None: "1" writes the CPU KV cache at start-up (the default),
 # "0" leaves its pages to be faulted in by the first writes.
 PREFAULT_ENV = "PAGEDSERVE_KV_CACHE_PREFAULT"
@@ -25,6 +29,7 @@ class EngineArgs:
     seed: int = 0
     device: str = "auto"
     kernel_backend: str | None = None
+    quantization: str | None = None
     cpu_threads: int | None = None
     skip_tokenizer_init: bool = False
     block_size: int = 16
@@ -54,6 +59,9 @@ class EngineArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                              f"{self.kv_cache_dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
+                             f"{self.quantization!r}")
         if not self.distributed_timeout > 0:
             raise ValueError(f"distributed_timeout must be positive (seconds), got "
                              f"{self.distributed_timeout!r}")
@@ -109,6 +117,12 @@ class EngineArgs:
                             "prepacked for oneDNN, built at start-up; inductor: attention "
                             "compiled by torch.compile instead; torch: the uncompiled "
                             "reference)")
+        g.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
+                       help="weight-only quantized projections: int8 (one scale per output "
+                            "channel) or int4 (scale and min per 32 inputs) quantize a float "
+                            "checkpoint at load and run on torch's int8/int4 CPU matmuls; "
+                            "gguf keeps a GGUF file's own types; none: float weights. "
+                            "None: gguf for a GGUF file, else none")
         g.add_argument("--cpu-threads", type=int, default=None,
                        help="torch intra-op threads on the CPU (default: torch's, one per "
                             "core; on a machine shared with other busy processes fewer threads "

@@ -66,7 +66,7 @@ class LLMEngine:
         baseline = MemorySnapshot.of(self.device) if self.device.type == "cuda" else None
         self.model, self.model_config = load_model(
             self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend,
-            group=self.workers.group,
+            group=self.workers.group, quantization=args.quantization,
         )
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.cache_config = args.cache_config()

@@ -19,6 +19,12 @@ from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel, pack_linear_layers
+from pagedserve.server.models.quantized_linear import (
+    QuantizationReport,
+    check_quantization,
+    quantize_linear_layers,
+    weight_bytes,
+)
 from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.weights import checkpoint_files, iterate_weights, load_weights
 
@@ -66,10 +72,18 @@ def load_model(
     *,
     backend: str | None = None,
     group: TensorParallelGroup | None = None,
+    quantization: str | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
     """Loads a Hugging Face-format directory. Without ``kernel_ops`` the ops come from
     ``get_kernel_ops(device, backend)`` (``backend=None``: $PAGEDSERVE_KERNEL_BACKEND). With a
-    tensor-parallel ``group`` only this rank's shard is read and held."""
+    tensor-parallel ``group`` only this rank's shard is read and held. ``quantization``
+    ``int8`` / ``int4`` quantizes the projections after loading (``quantized_linear.py``);
+    None or ``none`` keeps them float."""
+    quantization = quantization or "none"
+    check_quantization(quantization)
+    if quantization == "gguf":
+        raise ModelLoadError(f"quantization 'gguf' keeps the tensor types of a GGUF file; "
+                             f"{str(model_dir)!r} is a Hugging Face-format directory")
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
@@ -85,7 +99,11 @@ def load_model(
     materialize(model, run_dtype, device)
     load_weights(model, iterate_weights(checkpoint_files(model_dir)), str(model_dir))
     model.eval()
+    report = QuantizationReport()
+    if quantization != "none":
+        report.kernels = quantize_linear_layers(model, quantization, ops.quantized_kernels)
     packed = pack_linear_layers(model, ops.linear_packing)
+    report.weight_bytes = weight_bytes(model)
     if config.note:
         logger.warning("model %s: %s", model_dir, config.note)
     logger.info(
@@ -95,4 +113,5 @@ def load_model(
         f", tensor-parallel rank {group.rank} of {group.world_size}" if group.world_size > 1
         else "",
     )
+    logger.info("quantization %s: %s", quantization, report.describe())
     return model, config

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.kernels.dispatch import LinearPacking
+from pagedserve.kernels.quantized_linear import QuantizedWeight, QuantKernel
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
@@ -79,16 +80,33 @@ def _even_specs(shards: dict[str, int], group: TensorParallelGroup) -> list[Shar
 
 
 class PackableLinear(nn.Module):
-    """A projection whose weight a backend may prepack after loading (``pack``): the dense
-    weight is then released, and every matmul reads the packed one."""
+    """A projection whose weight a backend may prepack after loading (``pack``), or that holds
+    a quantized weight in the layout of its kernel (``quantize``): the dense weight is then
+    released, and every matmul reads the packed one."""
 
     weight: nn.Parameter | None
-    packed: torch.Tensor | None = None
-    packing: LinearPacking | None = None
+    packed: object | None = None
+    packing: LinearPacking | QuantKernel | None = None
+    # The dense weight's dtype and device, once it is released.
+    run_dtype: torch.dtype | None = None
+    run_device: torch.device | None = None
 
     def pack(self, packing: LinearPacking) -> None:
         assert self.weight is not None, "packed twice"
-        self.packed, self.packing = packing.pack(self.weight), packing
+        self._release(packing, packing.pack(self.weight))
+
+    def quantize(self, weight: QuantizedWeight, kernel: QuantKernel) -> None:
+        """Runs on ``weight`` (this rank's shard, shaped as the dense one) with ``kernel``."""
+        assert self.weight is not None, "packed twice"
+        shape = (weight.out_features, weight.in_features)
+        if shape != tuple(self.weight.shape):
+            raise ModelLoadError(f"a quantized weight of shape {list(shape)} does not fit a "
+                                 f"projection of shape {list(self.weight.shape)}")
+        self._release(kernel, kernel.prepare(weight))
+
+    def _release(self, packing: LinearPacking | QuantKernel, packed: object) -> None:
+        self.run_dtype, self.run_device = self.weight.dtype, self.weight.device
+        self.packed, self.packing = packed, packing
         self.weight = None  # a weight tied to an embedding stays there
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -246,11 +264,11 @@ class ParallelLMHead(PackableLinear):
 
     @property
     def dtype(self) -> torch.dtype:
-        return (self.packed if self.weight is None else self.weight).dtype
+        return self.run_dtype if self.weight is None else self.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return (self.packed if self.weight is None else self.weight).device
+        return self.run_device if self.weight is None else self.weight.device
 
 
 def pack_linear_layers(model: nn.Module, packing: LinearPacking | None) -> int:

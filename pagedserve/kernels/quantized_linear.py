@@ -1,0 +1,181 @@
+"""Weight-only quantized linear layers: the stored formats, quantization of a float weight, and
+the reference kernel (dequantize, then ``F.linear``) that every faster kernel must match.
+
+Two formats, both along the input dim in groups (GGUF's blocks are groups of 32):
+
+- ``int8``: symmetric, ``w = q * scale``; q int8 [out, in_padded], one scale per group
+  (``group_size == in_features`` is one scale per output channel).
+- ``int4``: asymmetric, ``w = q * scale + min`` with q in 0..15 (GGUF's Q4_1; Q4_0 is
+  ``min = -8 * scale``); two q a byte, the even input index in the high nibble.
+
+An input dim that is not a multiple of the group is padded with zero codes up to one: the
+matmul pads the activation with zeros too, so the padding adds nothing (an int4 zero code
+still dequantizes to ``min``, which a zero activation cancels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SCHEMES = ("int8", "int4")
+
+
+class QuantizationError(ValueError):
+    """A quantized tensor whose parts do not fit its format or its layer."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedWeight:
+    """One linear weight [out_features, in_features] as stored (see the module doc)."""
+
+    scheme: str
+    out_features: int
+    in_features: int
+    group_size: int
+    qweight: torch.Tensor
+    scales: torch.Tensor  # float32 [out, groups]
+    mins: torch.Tensor | None = None  # int4: float32 [out, groups]
+
+    def __post_init__(self) -> None:
+        check_quantized(self)
+
+    @property
+    def padded_in_features(self) -> int:
+        return self.num_groups * self.group_size
+
+    @property
+    def num_groups(self) -> int:
+        return -(-self.in_features // self.group_size)
+
+    def nbytes(self) -> int:
+        parts = [self.qweight, self.scales] + ([self.mins] if self.mins is not None else [])
+        return sum(p.numel() * p.element_size() for p in parts)
+
+
+def check_quantized(qw: QuantizedWeight) -> None:
+    """Raises ``QuantizationError`` naming the first part whose dtype or shape is off."""
+    if qw.scheme not in SCHEMES:
+        raise QuantizationError(f"unknown quantization scheme {qw.scheme!r}; "
+                                f"known: {', '.join(SCHEMES)}")
+    if qw.out_features < 1 or qw.in_features < 1 or qw.group_size < 1:
+        raise QuantizationError(f"{qw.scheme} weight has shape [{qw.out_features}, "
+                                f"{qw.in_features}] and group size {qw.group_size}; "
+                                "all must be positive")
+    n, k = qw.out_features, qw.padded_in_features
+    want = {"int8": (torch.int8, (n, k)), "int4": (torch.uint8, (n, k // 2))}[qw.scheme]
+    if qw.scheme == "int4" and k % 2:
+        raise QuantizationError(f"int4 group size {qw.group_size} must be even")
+    _expect(qw, "qweight", qw.qweight, *want)
+    _expect(qw, "scales", qw.scales, torch.float32, (n, qw.num_groups))
+    if qw.scheme == "int4":
+        if qw.mins is None:
+            raise QuantizationError("int4 weight has no mins")
+        _expect(qw, "mins", qw.mins, torch.float32, (n, qw.num_groups))
+    elif qw.mins is not None:
+        raise QuantizationError("int8 weight is symmetric and takes no mins")
+
+
+def _expect(qw: QuantizedWeight, name: str, tensor: torch.Tensor, dtype: torch.dtype,
+            shape: tuple[int, ...]) -> None:
+    if tensor.dtype != dtype or tuple(tensor.shape) != shape:
+        raise QuantizationError(
+            f"{qw.scheme} weight [{qw.out_features}, {qw.in_features}] (group {qw.group_size}) "
+            f"needs {name} {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
+
+
+def _grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[out, in] float32 → [out, groups, group_size], zero-padded along in."""
+    n, k = weight.shape
+    pad = -k % group_size
+    w = F.pad(weight.detach().float(), (0, pad))
+    return w.reshape(n, -1, group_size)
+
+
+def quantize_int8(weight: torch.Tensor, group_size: int | None = None) -> QuantizedWeight:
+    """Symmetric int8 of a float [out, in] weight: one scale per ``group_size`` inputs, or per
+    output channel when ``group_size`` is None (round to nearest, codes -127..127)."""
+    n, k = weight.shape
+    g = group_size or k
+    w = _grouped(weight, g)
+    scales = w.abs().amax(-1) / 127
+    q = torch.round(w / scales.clamp_min(torch.finfo(torch.float32).tiny)[..., None])
+    return QuantizedWeight("int8", n, k, g, q.clamp_(-127, 127).to(torch.int8).reshape(n, -1),
+                           scales.contiguous())
+
+
+def quantize_int4(weight: torch.Tensor, group_size: int = 32) -> QuantizedWeight:
+    """Asymmetric int4 of a float [out, in] weight (GGUF Q4_1's rule: each group's min and
+    its range over 15 steps)."""
+    n, k = weight.shape
+    w = _grouped(weight, group_size)
+    real = torch.arange(w.shape[1] * group_size).reshape(w.shape[1], group_size) < k
+    lo = torch.where(real, w, torch.inf).amin(-1)
+    hi = torch.where(real, w, -torch.inf).amax(-1)
+    scales = (hi - lo) / 15
+    safe = torch.where(scales > 0, scales, 1.0)
+    q = torch.round((w - lo[..., None]) / safe[..., None]).clamp_(0, 15)
+    q = torch.where(real, q, 0).to(torch.uint8).reshape(n, -1)
+    return QuantizedWeight("int4", n, k, group_size, pack_nibbles(q), scales.contiguous(),
+                           lo.contiguous())
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """[N, K] codes 0..15 (K even) → [N, K/2] uint8, the even index in the high nibble."""
+    codes = codes.to(torch.uint8)
+    return (codes[:, ::2] << 4) | codes[:, 1::2]
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_nibbles``: [N, K/2] uint8 → [N, K] uint8."""
+    return torch.stack([packed >> 4, packed & 15], dim=-1).reshape(packed.shape[0], -1)
+
+
+def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The float weight [out, in] that ``qw`` stands for."""
+    n, g = qw.out_features, qw.group_size
+    if qw.scheme == "int8":
+        codes = qw.qweight.float().reshape(n, -1, g)
+        w = codes * qw.scales[..., None]
+    else:
+        codes = unpack_nibbles(qw.qweight).float().reshape(n, -1, g)
+        w = codes * qw.scales[..., None] + qw.mins[..., None]
+    return w.reshape(n, -1)[:, : qw.in_features].to(dtype).contiguous()
+
+
+@dataclass(frozen=True, slots=True)
+class QuantKernel:
+    """One way to run a quantized matmul: ``supports(qw, device)``, ``prepare(qw) -> state``
+    once at load (the layout this kernel reads; ``state_nbytes(state)`` counts it) and
+    ``linear(x, state, bias | None) -> y`` per call."""
+
+    name: str
+    supports: Callable[[QuantizedWeight, torch.device], bool]
+    prepare: Callable[[QuantizedWeight], Any]
+    linear: Callable[[torch.Tensor, Any, torch.Tensor | None], torch.Tensor]
+    state_nbytes: Callable[[Any], int]
+
+
+def reference_linear(x: torch.Tensor, qw: QuantizedWeight,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ dequantize(qw).T + bias``, in x's dtype."""
+    return F.linear(x, dequantize(qw, x.dtype).to(x.device), bias)
+
+
+REFERENCE = QuantKernel(
+    name="dequantize+F.linear",
+    supports=lambda qw, device: True,
+    prepare=lambda qw: qw,
+    linear=reference_linear,
+    state_nbytes=lambda qw: qw.nbytes(),
+)
+
+
+def choose_kernel(kernels: tuple[QuantKernel, ...], qw: QuantizedWeight,
+                  device: torch.device) -> QuantKernel:
+    """The first of ``kernels`` that runs ``qw`` on ``device``; the reference otherwise."""
+    return next((k for k in kernels if k.supports(qw, device)), REFERENCE)
