@@ -20,6 +20,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
 }
 OUTPUT_TENSOR = "output.weight"
+EMBEDDING_TENSOR = "token_embd.weight"
 # llama.cpp's Llama 3.1 scaling ships per-frequency divisors as a tensor, not parameters.
 ROPE_FACTORS_TENSOR = "rope_freqs.weight"
 # general.file_type → the checkpoint dtype the weights were converted from; quantized files
@@ -60,7 +61,7 @@ def gguf_config_dict(reader: Any) -> dict[str, Any]:
     raw: dict[str, Any] = {
         "architectures": [architecture],
         "model_type": model_type,
-        "vocab_size": get("vocab_size") or _vocab_size(reader),
+        "vocab_size": _embedding_rows(reader) or get("vocab_size") or _vocab_size(reader),
         "hidden_size": hidden,
         "intermediate_size": need("feed_forward_length"),
         "num_hidden_layers": need("block_count"),
@@ -76,6 +77,7 @@ def gguf_config_dict(reader: Any) -> dict[str, Any]:
         "bos_token_id": metadata_value(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _eos_ids(reader),
     }
+    _check_vocabulary(reader, raw["vocab_size"])
     key_length = get("attention.key_length")
     if key_length is not None:
         raw["head_dim"] = key_length
@@ -90,10 +92,27 @@ def gguf_model_config(reader: Any) -> ModelConfig:
         raise ModelLoadError(str(exc)) from exc
 
 
+def _embedding_rows(reader: Any) -> int | None:
+    for tensor in reader.tensors:
+        if tensor.name == EMBEDDING_TENSOR and len(tensor.shape) == 2:
+            return int(tensor.shape[-1])  # GGUF lists dimensions innermost first
+    return None
+
+
 def _vocab_size(reader: Any) -> int | None:
     # Older files leave {arch}.vocab_size out; the tokenizer's list has one entry per row.
     field = reader.fields.get("tokenizer.ggml.tokens")
     return len(field.data) if field is not None else None
+
+
+def _check_vocabulary(reader: Any, vocab_size: Any) -> None:
+    # Embedding rows without a token are fine (padding); a token without a row is not.
+    tokens = _vocab_size(reader)
+    if tokens is not None and isinstance(vocab_size, int) and tokens > vocab_size:
+        raise ModelLoadError(
+            f"GGUF vocabulary has {tokens} tokens but the model has {vocab_size} embedding "
+            f"rows; the file's tokenizer and weights disagree"
+        )
 
 
 def _rope_scaling(get: Any) -> dict[str, Any] | None:
