@@ -179,3 +179,57 @@ def choose_kernel(kernels: tuple[QuantKernel, ...], qw: QuantizedWeight,
                   device: torch.device) -> QuantKernel:
     """The first of ``kernels`` that runs ``qw`` on ``device``; the reference otherwise."""
     return next((k for k in kernels if k.supports(qw, device)), REFERENCE)
+
+
+def _rebuild(qw: QuantizedWeight, qweight: torch.Tensor, scales: torch.Tensor,
+             mins: torch.Tensor | None, in_features: int | None = None) -> QuantizedWeight:
+    return QuantizedWeight(qw.scheme, qweight.shape[0], in_features or qw.in_features,
+                           qw.group_size, qweight.contiguous(), scales.contiguous(),
+                           None if mins is None else mins.contiguous())
+
+
+def take_rows(qw: QuantizedWeight, rows: torch.Tensor | slice) -> QuantizedWeight:
+    """The output rows ``rows`` of ``qw`` (each row's groups are its own)."""
+    mins = None if qw.mins is None else qw.mins[rows]
+    return _rebuild(qw, qw.qweight[rows], qw.scales[rows], mins)
+
+
+def take_inputs(qw: QuantizedWeight, start: int, size: int) -> QuantizedWeight:
+    """Inputs ``[start, start + size)`` of ``qw``, both whole groups (QuantizationError
+    otherwise): a row-parallel rank's shard."""
+    g = qw.group_size
+    if start % g or size % g or start + size > qw.in_features:
+        raise QuantizationError(f"inputs [{start}, {start + size}) of a weight with "
+                                f"{qw.in_features} inputs are not whole groups of {g}")
+    per_byte = 2 if qw.scheme == "int4" else 1
+    groups = slice(start // g, (start + size) // g)
+    mins = None if qw.mins is None else qw.mins[:, groups]
+    return _rebuild(qw, qw.qweight[:, start // per_byte : (start + size) // per_byte],
+                    qw.scales[:, groups], mins, size)
+
+
+def pad_rows(qw: QuantizedWeight, rows: int) -> QuantizedWeight:
+    """``qw`` with zero rows (zero codes, scales and mins) up to ``rows`` rows."""
+    extra = rows - qw.out_features
+    if extra <= 0:
+        return qw
+    mins = None if qw.mins is None else F.pad(qw.mins, (0, 0, 0, extra))
+    return _rebuild(qw, F.pad(qw.qweight, (0, 0, 0, extra)), F.pad(qw.scales, (0, 0, 0, extra)),
+                    mins)
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Weights of one format and input size stacked along the output dim (a packed QKV)."""
+    first = parts[0]
+    for part in parts[1:]:
+        if (part.scheme, part.group_size, part.in_features) != (
+                first.scheme, first.group_size, first.in_features):
+            raise QuantizationError(
+                f"cannot stack a {part.scheme} weight (group {part.group_size}, "
+                f"{part.in_features} inputs) under a {first.scheme} one (group "
+                f"{first.group_size}, {first.in_features} inputs)")
+    if len(parts) == 1:
+        return first
+    mins = None if first.mins is None else torch.cat([p.mins for p in parts])
+    return _rebuild(first, torch.cat([p.qweight for p in parts]),
+                    torch.cat([p.scales for p in parts]), mins)

@@ -1,4 +1,5 @@
-"""``load_model``: config.json + safetensors → a model on the device, ready for inference.
+"""``load_model``: a checkpoint directory (config.json + safetensors) or a GGUF file → a model
+on the device, ready for inference (``source.py`` reads either).
 
 The model is built on the meta device (no memory, no random init), its parameters are then
 allocated once in the target dtype and device, and the checkpoint is copied in.
@@ -17,6 +18,7 @@ from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
 from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.gguf_quantized import keep_gguf_types
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel, pack_linear_layers
 from pagedserve.server.models.quantized_linear import (
@@ -26,7 +28,8 @@ from pagedserve.server.models.quantized_linear import (
     weight_bytes,
 )
 from pagedserve.server.models.registry import get_model_class
-from pagedserve.server.models.weights import checkpoint_files, iterate_weights, load_weights
+from pagedserve.server.models.source import check_model_path, load_config, model_weights
+from pagedserve.server.models.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -74,20 +77,20 @@ def load_model(
     group: TensorParallelGroup | None = None,
     quantization: str | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
-    """Loads a Hugging Face-format directory. Without ``kernel_ops`` the ops come from
-    ``get_kernel_ops(device, backend)`` (``backend=None``: $PAGEDSERVE_KERNEL_BACKEND). With a
-    tensor-parallel ``group`` only this rank's shard is read and held. ``quantization``
-    ``int8`` / ``int4`` quantizes the projections after loading (``quantized_linear.py``);
-    None or ``none`` keeps them float."""
-    quantization = quantization or "none"
+    """Loads a Hugging Face-format directory or a GGUF file. Without ``kernel_ops`` the ops
+    come from ``get_kernel_ops(device, backend)`` (``backend=None``:
+    $PAGEDSERVE_KERNEL_BACKEND). With a tensor-parallel ``group`` only this rank's shard is
+    read and held. ``quantization`` ``int8`` / ``int4`` quantizes the projections after
+    loading (``quantized_linear.py``), ``gguf`` keeps a GGUF file's quantized projections as
+    stored where a kernel runs their type (``gguf_quantized.py``), ``none`` keeps every
+    weight float; None: ``gguf`` for a GGUF file, else ``none``."""
+    model_dir = check_model_path(model_dir)
+    quantization = quantization or ("none" if model_dir.is_dir() else "gguf")
     check_quantization(quantization)
-    if quantization == "gguf":
+    if quantization == "gguf" and model_dir.is_dir():
         raise ModelLoadError(f"quantization 'gguf' keeps the tensor types of a GGUF file; "
                              f"{str(model_dir)!r} is a Hugging Face-format directory")
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
-    config = ModelConfig.from_pretrained(model_dir)
+    config = load_config(model_dir)
     model_class = get_model_class(config.architecture)
     group = group if group is not None else TensorParallelGroup()
     check_tensor_parallel(config, group.world_size)
@@ -97,10 +100,12 @@ def load_model(
     with torch.device("meta"):
         model = model_class(config, ops, group)
     materialize(model, run_dtype, device)
-    load_weights(model, iterate_weights(checkpoint_files(model_dir)), str(model_dir))
+    load_weights(model, model_weights(model_dir, config), str(model_dir))
     model.eval()
     report = QuantizationReport()
-    if quantization != "none":
+    if quantization == "gguf":
+        report.kernels = keep_gguf_types(model, model_dir, config, ops.quantized_kernels)
+    elif quantization != "none":
         report.kernels = quantize_linear_layers(model, quantization, ops.quantized_kernels)
     packed = pack_linear_layers(model, ops.linear_packing)
     report.weight_bytes = weight_bytes(model)
@@ -113,5 +118,6 @@ def load_model(
         f", tensor-parallel rank {group.rank} of {group.world_size}" if group.world_size > 1
         else "",
     )
-    logger.info("quantization %s: %s", quantization, report.describe())
+    file_size = "" if model_dir.is_dir() else f" (file {model_dir.stat().st_size / 2**20:.1f} MiB)"
+    logger.info("quantization %s: %s%s", quantization, report.describe(), file_size)
     return model, config

@@ -54,7 +54,7 @@ class QuantizationReport:
     weight_bytes: int = 0
 
     def describe(self) -> str:
-        layers = ", ".join(f"{n} projections on {name}"
+        layers = ", ".join(f"{name}: {n} projection{'s' if n > 1 else ''}"
                            for name, n in sorted(self.kernels.items()))
         return (f"{layers or 'no quantized projections'}; weights "
                 f"{self.weight_bytes / 2**20:.1f} MiB in memory")
