@@ -51,7 +51,9 @@ def _int8_supports(qw: QuantizedWeight, device: torch.device) -> bool:
 
 def _int8_prepare(qw: QuantizedWeight) -> _Int8State:
     k = qw.in_features
-    padded = F.pad(qw.qweight[:, :k], (0, -k % INT8_IN_MULTIPLE)).contiguous()
+    pad = -k % INT8_IN_MULTIPLE
+    # Without padding the codes are used in place (a tied embedding may share them).
+    padded = F.pad(qw.qweight[:, :k], (0, pad)).contiguous() if pad else qw.qweight
     return _Int8State(padded, qw.scales[:, 0].to(COMPUTE_DTYPE).contiguous(), k,
                       padded.shape[1])
 

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from pagedserve.kernels.quantized_linear import (
@@ -25,7 +26,9 @@ from pagedserve.kernels.quantized_linear import (
     QuantKernel,
     choose_kernel,
     concat_rows,
+    dequantize,
     pad_rows,
+    quantize_int8,
     take_inputs,
     take_rows,
 )
@@ -33,7 +36,7 @@ from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.gguf_repack import BLOCKS, can_repack, repack
 from pagedserve.server.models.gguf_weights import GGUFTensor, gguf_tensors
-from pagedserve.server.models.parallel_layers import PackableLinear
+from pagedserve.server.models.parallel_layers import PackableLinear, VocabParallelEmbedding
 from pagedserve.server.models.source import open_gguf_model
 from pagedserve.server.models.weight_slot import WeightSlot
 
@@ -53,21 +56,63 @@ def keep_gguf_types(model: nn.Module, path: Path, config: ModelConfig,
     if config.tie_word_embeddings and LM_HEAD not in tensors and EMBEDDING in tensors:
         tensors[LM_HEAD] = tensors[EMBEDDING]
     counts: Counter[str] = Counter()
+    head_weight = None
     for prefix, layer in model.named_modules():
         if not isinstance(layer, PackableLinear) or layer.weight is None:
             continue
         try:
-            weight = _layer_weight(layer, prefix, tensors)
-            kernel = choose_kernel(kernels, weight, layer.weight.device)
-            if kernel is REFERENCE:
-                raise _StaysFloat(f"no kernel for {weight.scheme} in groups of "
-                                  f"{weight.group_size}")
+            weight, kernel, label = _with_kernel(_layer_weight(layer, prefix, tensors), kernels,
+                                                 layer.weight.device)
         except _StaysFloat as reason:
             counts[f"float ({reason})"] += 1
             continue
         layer.quantize(weight, kernel)
-        counts[kernel.name] += 1
+        counts[label] += 1
+        if prefix.endswith("lm_head"):
+            head_weight = weight
+    embedding = _embedding(model)
+    if embedding is not None and kernels:
+        counts.update(_quantize_embedding(embedding, tensors, head_weight,
+                                          config.tie_word_embeddings))
     return counts
+
+
+def _with_kernel(weight: QuantizedWeight, kernels: tuple[QuantKernel, ...],
+                 device: torch.device) -> tuple[QuantizedWeight, QuantKernel, str]:
+    kernel = choose_kernel(kernels, weight, device)
+    if kernel is not REFERENCE:
+        return weight, kernel, kernel.name
+    if weight.scheme == "int8" and weight.num_groups > 1:
+        rescaled = quantize_int8(dequantize(weight))
+        kernel = choose_kernel(kernels, rescaled, device)
+        if kernel is not REFERENCE:
+            return rescaled, kernel, f"{kernel.name} (int8 groups rescaled per channel)"
+    raise _StaysFloat(f"no kernel for {weight.scheme} in groups of {weight.group_size}")
+
+
+def _embedding(model: nn.Module) -> VocabParallelEmbedding | None:
+    found = [m for m in model.modules() if isinstance(m, VocabParallelEmbedding)]
+    return found[0] if len(found) == 1 else None
+
+
+def _quantize_embedding(embedding: VocabParallelEmbedding, tensors: Mapping[str, GGUFTensor],
+                        head_weight: QuantizedWeight | None, tied: bool) -> Counter[str]:
+    """Looks the embedding's rows up in quantized codes: the LM head's when the two are tied
+    (the table is no longer held float by either), else the file's own blocks."""
+    if tied:
+        if head_weight is None:
+            return Counter()
+        embedding.quantize(head_weight)
+        return Counter({"embedding looked up in the LM head's codes": 1})
+    try:
+        [(name, slot)] = embedding.checkpoint_slots(EMBEDDING.rpartition(".")[0], "weight")
+        tensor = tensors.get(name)
+        if tensor is None:
+            return Counter()
+        embedding.quantize(_shard(_repacked(tensor), slot))
+    except _StaysFloat:
+        return Counter()
+    return Counter({f"embedding looked up in {tensor.tensor_type.name} blocks": 1})
 
 
 def _layer_weight(layer: PackableLinear, prefix: str,

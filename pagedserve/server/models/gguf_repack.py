@@ -46,7 +46,7 @@ def repack(type_id: int, raw: np.ndarray | torch.Tensor,
     if inp % block:
         raise QuantizationError(f"{name} tensor of shape [{out}, {inp}]: {inp} inputs are not a "
                                 f"whole number of its blocks of {block}")
-    data = torch.as_tensor(np.ascontiguousarray(raw)).view(torch.uint8)
+    data = torch.from_numpy(np.array(raw, copy=True)).view(torch.uint8)  # a writable copy
     want = out * (inp // block) * nbytes
     if data.numel() != want:
         raise QuantizationError(f"{name} tensor of shape [{out}, {inp}] needs {want} bytes, "

@@ -23,7 +23,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.kernels.dispatch import LinearPacking
-from pagedserve.kernels.quantized_linear import QuantizedWeight, QuantKernel
+from pagedserve.kernels.quantized_linear import (
+    QuantizedWeight,
+    QuantKernel,
+    dequantize,
+    take_rows,
+)
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
@@ -222,6 +227,11 @@ def _vocab_part(vocab_size: int, group: TensorParallelGroup) -> tuple[int, int, 
 
 
 class VocabParallelEmbedding(nn.Module):
+    """Token embeddings, float or, after ``quantize``, looked up from a quantized table (each
+    looked-up row dequantized)."""
+
+    quantized: QuantizedWeight | None = None
+
     def __init__(self, vocab_size: int, embedding_dim: int,
                  group: TensorParallelGroup) -> None:
         super().__init__()
@@ -230,12 +240,26 @@ class VocabParallelEmbedding(nn.Module):
         per_rank, self.vocab_start, self.num_owned = _vocab_part(vocab_size, group)
         self.weight = nn.Parameter(torch.empty(per_rank, embedding_dim))
 
+    def quantize(self, weight: QuantizedWeight) -> None:
+        assert self.weight is not None, "quantized twice"
+        shape = (weight.out_features, weight.in_features)
+        if shape != tuple(self.weight.shape):
+            raise ModelLoadError(f"a quantized embedding of shape {list(shape)} does not fit "
+                                 f"a table of shape {list(self.weight.shape)}")
+        self.run_dtype = self.weight.dtype
+        self.quantized, self.weight = weight, None
+
+    def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is None:
+            return F.embedding(ids, self.weight)
+        return dequantize(take_rows(self.quantized, ids), self.run_dtype)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, dim]
         if self.group.world_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self._lookup(input_ids)
         local = input_ids - self.vocab_start
         owned = (local >= 0) & (local < self.num_owned)
-        rows = F.embedding(torch.where(owned, local, 0), self.weight)
+        rows = self._lookup(torch.where(owned, local, 0))
         return self.group.all_reduce(rows.masked_fill_(~owned[:, None], 0))
 
     def checkpoint_slots(self, prefix: str, param_name: str) -> list[tuple[str, WeightSlot]]:

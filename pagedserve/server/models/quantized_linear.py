@@ -85,22 +85,35 @@ def _to(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of every parameter (tied ones once) and every packed or quantized projection."""
+    """Bytes of every parameter, packed or quantized projection and quantized embedding,
+    each storage once (a tied embedding and head share theirs)."""
+    tensors: list[torch.Tensor] = list(model.parameters())
+    for module in model.modules():
+        if isinstance(module, PackableLinear) and module.packed is not None:
+            tensors += _packed_tensors(module)
+        quantized = getattr(module, "quantized", None)
+        if isinstance(quantized, QuantizedWeight):
+            tensors += _parts(quantized)
     seen: set[int] = set()
     total = 0
-    for param in model.parameters():
-        if id(param) not in seen:
-            seen.add(id(param))
-            total += param.numel() * param.element_size()
-    for layer in model.modules():
-        if isinstance(layer, PackableLinear) and layer.packed is not None:
-            total += _packed_bytes(layer)
+    for tensor in tensors:
+        key = tensor.untyped_storage().data_ptr() if not tensor.is_mkldnn else id(tensor)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
     return total
 
 
-def _packed_bytes(layer: PackableLinear) -> int:
-    if isinstance(layer.packing, QuantKernel):
-        return layer.packing.state_nbytes(layer.packed)
+def _parts(weight: QuantizedWeight) -> list[torch.Tensor]:
+    return [weight.qweight, weight.scales] + ([weight.mins] if weight.mins is not None else [])
+
+
+def _packed_tensors(layer: PackableLinear) -> list[torch.Tensor]:
     packed = layer.packed
-    assert isinstance(packed, torch.Tensor)
-    return packed.numel() * packed.element_size()
+    if isinstance(packed, torch.Tensor):
+        return [packed]
+    if isinstance(packed, QuantizedWeight):
+        return _parts(packed)
+    # A kernel's own state: its tensor fields.
+    return [getattr(packed, f) for f in getattr(packed, "__slots__", ())
+            if isinstance(getattr(packed, f), torch.Tensor)]
