@@ -158,3 +158,15 @@ def test_a_quantized_weight_of_another_shape_is_refused():
     with pytest.raises(ModelLoadError, match=r"a quantized weight of shape \[8, 32\] does not "
                                              r"fit a projection of shape \[8, 64\]"):
         layer.quantize(quantize_int8(torch.ones(8, 32)), REFERENCE)
+
+
+def test_the_flag_reaches_the_engine_args():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    assert EngineArgs.from_cli_args(parser.parse_args([])).quantization is None
+    args = EngineArgs.from_cli_args(parser.parse_args(["--quantization", "int4"]))
+    assert args.quantization == "int4"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--quantization", "fp8"])

