@@ -37,6 +37,7 @@ from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.gguf_repack import BLOCKS, can_repack, repack
 from pagedserve.server.models.gguf_weights import GGUFTensor, gguf_tensors
 from pagedserve.server.models.parallel_layers import PackableLinear, VocabParallelEmbedding
+from pagedserve.server.models.quantized_linear import EMBEDDING_NOTE
 from pagedserve.server.models.source import open_gguf_model
 from pagedserve.server.models.weight_slot import WeightSlot
 
@@ -103,7 +104,7 @@ def _quantize_embedding(embedding: VocabParallelEmbedding, tensors: Mapping[str,
         if head_weight is None:
             return Counter()
         embedding.quantize(head_weight)
-        return Counter({"embedding looked up in the LM head's codes": 1})
+        return Counter({f"{EMBEDDING_NOTE}looked up in the LM head's codes": 1})
     try:
         [(name, slot)] = embedding.checkpoint_slots(EMBEDDING.rpartition(".")[0], "weight")
         tensor = tensors.get(name)
@@ -112,7 +113,7 @@ def _quantize_embedding(embedding: VocabParallelEmbedding, tensors: Mapping[str,
         embedding.quantize(_shard(_repacked(tensor), slot))
     except _StaysFloat:
         return Counter()
-    return Counter({f"embedding looked up in {tensor.tensor_type.name} blocks": 1})
+    return Counter({f"{EMBEDDING_NOTE}looked up in {tensor.tensor_type.name} blocks": 1})
 
 
 def _layer_weight(layer: PackableLinear, prefix: str,

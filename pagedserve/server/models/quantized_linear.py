@@ -29,6 +29,8 @@ from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_layers import PackableLinear
 
 QUANTIZATIONS = ("none", "gguf", "int8", "int4")
+# How a report names the embedding's table, beside the projections' kernels.
+EMBEDDING_NOTE = "embedding "
 INT4_GROUP_SIZE = 32
 
 
@@ -54,7 +56,8 @@ class QuantizationReport:
     weight_bytes: int = 0
 
     def describe(self) -> str:
-        layers = ", ".join(f"{name}: {n} projection{'s' if n > 1 else ''}"
+        layers = ", ".join(name if name.startswith(EMBEDDING_NOTE) else
+                           f"{name}: {n} projection{'s' if n > 1 else ''}"
                            for name, n in sorted(self.kernels.items()))
         return (f"{layers or 'no quantized projections'}; weights "
                 f"{self.weight_bytes / 2**20:.1f} MiB in memory")
