@@ -1,10 +1,10 @@
 """The tokenizer and chat template of a GGUF file, as an ``HFTokenizer``.
 
 The vocabulary becomes a ``tokenizers`` backend (``gguf_vocab.py``); tokens the file marks as
-control (type 3) are special tokens, matched whole in text and skipped when decoding with
-``skip_special_tokens``; user-defined ones (type 4) are matched whole but kept. The named
-special tokens (BOS, EOS, unknown, padding) come from their ids, ``add_bos_token`` /
-``add_eos_token`` frame an encoding as llama.cpp does (BOS by default for SentencePiece
+unknown or control (types 2 and 3) are special tokens, matched whole in text and skipped when
+decoding with ``skip_special_tokens``; user-defined ones (type 4) are matched whole but kept.
+The named special tokens (BOS, EOS, unknown, padding) come from their ids, ``add_bos_token``
+/ ``add_eos_token`` frame an encoding as llama.cpp does (BOS by default for SentencePiece
 vocabularies, which predate the flag), and ``tokenizer.chat_template`` is the chat template.
 """
 
@@ -24,7 +24,7 @@ from pagedserve.server.tokenizer.hf import HFTokenizer
 from pagedserve.server.tokenizer.hf_config import HFTokenizerConfig
 
 PREFIX = "tokenizer.ggml."
-CONTROL, USER_DEFINED = 3, 4
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
 _NAMED_IDS = {
     "bos_token": "bos_token_id",
     "eos_token": "eos_token_id",
@@ -77,7 +77,7 @@ def _add_marked_tokens(
         for token, kind in zip(tokens, types)
         # In a byte-level vocabulary a real token is spelled in the byte alphabet; a control
         # token that is not is a converter's mislabel and stays out.
-        if kind == CONTROL and (not byte_level or set(token) <= spelled)
+        if kind in (UNKNOWN, CONTROL) and (not byte_level or set(token) <= spelled)
     ]
     user = [
         AddedToken(token, special=False, normalized=False)
