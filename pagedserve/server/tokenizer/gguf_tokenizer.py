@@ -19,7 +19,7 @@ from tokenizers import AddedToken, processors
 from pagedserve.common.gguf_file import GGUFFileError, metadata_value, open_gguf
 from pagedserve.server.tokenizer.chat_template import checked_chat_template
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
-from pagedserve.server.tokenizer.gguf_vocab import build_backend, byte_alphabet
+from pagedserve.server.tokenizer.gguf_vocab import build_backend, byte_characters
 from pagedserve.server.tokenizer.hf import HFTokenizer
 from pagedserve.server.tokenizer.hf_config import HFTokenizerConfig
 
@@ -71,7 +71,7 @@ def _add_marked_tokens(
 ) -> None:
     if not types:
         return
-    spelled = set(byte_alphabet().values())
+    spelled = byte_characters()
     control = [
         AddedToken(token, special=True, normalized=False)
         for token, kind in zip(tokens, types)
