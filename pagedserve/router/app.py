@@ -117,7 +117,7 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPMethodNotAllowed as exc:
         return errors.error_response(405, f"Method {request.method} is not allowed for "
                                      f"{request.path}", errors.INVALID_REQUEST,
-                                     "method_not_allowed", headers=dict(exc.headers))
+                                     "method_not_allowed", headers={"Allow": exc.headers["Allow"]})
 
 
 async def _session_context(app: web.Application) -> AsyncIterator[None]:
@@ -135,6 +135,7 @@ async def _discovery_context(app: web.Application) -> AsyncIterator[None]:
     state = app[STATE_KEY]
     if state.config.replica_dns:
         await _discover(state)
+    await state.replicas.check_all(state.session)  # serve knowing which replicas are up
     task = asyncio.create_task(_health_loop(state))
     try:
         yield
@@ -161,8 +162,8 @@ async def _health_loop(state: RouterState) -> None:
     loop = asyncio.get_running_loop()
     next_dns = loop.time() + state.config.dns_interval
     while True:
-        await state.replicas.check_all(state.session)
+        await asyncio.sleep(state.config.health_interval)
         if state.config.replica_dns and loop.time() >= next_dns:
             await _discover(state)
             next_dns = loop.time() + state.config.dns_interval
-        await asyncio.sleep(state.config.health_interval)
+        await state.replicas.check_all(state.session)

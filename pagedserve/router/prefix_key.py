@@ -23,7 +23,7 @@ def prompt_units(path: str, body: dict[str, Any]) -> tuple[list[int], bool]:
         text = _text(body.get("instructions")) + _input_text(body.get("input"))
         return _code_points(text), False
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a batch of prompts goes where its first one is cached
     if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
         return list(prompt), True
