@@ -1,16 +1,21 @@
-"""Two fake replicas and a router over them, all on the test's event loop."""
+"""Two fake replicas and a router over them, all on the test's event loop; two real replicas
+of the tiny checkpoint for the end-to-end tests."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
 from pagedserve.router import RouterConfig, create_app
 from pagedserve.router.state import STATE_KEY, RouterState
+from tests.api.live_server import LiveServer, server_config
+from tests.live_model import write_live_model
 from tests.router.fake_replica import FakeReplica
 
 
@@ -65,3 +70,19 @@ async def make_router() -> AsyncIterator[Callable[..., Any]]:
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_live_model(tmp_path_factory.mktemp("router-llama"))
+
+
+@pytest.fixture(scope="module")
+def live_replicas(model_dir: Path) -> Iterator[list[LiveServer]]:
+    """Two real replicas of the tiny checkpoint, each in its own thread."""
+    config = {"enable_prefix_caching": True}
+    servers = [LiveServer(server_config(str(model_dir), engine=config)).start()
+               for _ in range(2)]
+    yield servers
+    for server in servers:
+        server.stop()
