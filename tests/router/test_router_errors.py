@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from pagedserve.cli.main import SUBCOMMANDS
 from pagedserve.router import RouterConfig
 from pagedserve.router.cli import add_arguments, config_from_args
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port_url() -> str:
@@ -97,3 +103,11 @@ def test_cli() -> None:
         parse(["--replica-dns", "replicas.default.svc"])
     with pytest.raises(ValueError, match=r"load_factor must be at least 1\.0"):
         parse(["--replica", "http://a", "--load-factor", "0.5"])
+
+
+def test_the_router_imports_no_torch() -> None:
+    code = ("import sys, pagedserve.router.cli, pagedserve.router.app; "
+            "sys.exit('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
