@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
@@ -27,6 +28,7 @@ from pagedserve.router.replicas import Replica
 from pagedserve.router.state import RouterState
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
@@ -89,55 +91,86 @@ def _response_headers(upstream: aiohttp.ClientResponse, replica: Replica) -> CIM
 
 async def _attempt(request: web.Request, state: RouterState, replica: Replica,
                    body: bytes | None) -> web.StreamResponse:
+    upstream, first = await _until_ejected(replica, _open(request, state, replica, body))
+    async with upstream:
+        if upstream.content_type == "text/event-stream":
+            return await _stream(request, state, replica, upstream, first)
+        return web.Response(status=upstream.status, body=first,
+                            headers=_response_headers(upstream, replica))
+
+
+async def _open(request: web.Request, state: RouterState, replica: Replica,
+                body: bytes | None) -> tuple[aiohttp.ClientResponse, bytes]:
+    """The replica's response and its first bytes (a stream's first chunk, or the whole body
+    of an answer that is not streamed): until then the request may still go elsewhere."""
     config = state.config
     timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
                                     sock_read=config.upstream_timeout)
     headers = forward_headers(request.headers, request.remote)
     state.tracing.inject(headers)
+    upstream: aiohttp.ClientResponse | None = None
     try:
         upstream = await state.session.request(
             request.method, replica.url + request.path_qs, data=body, headers=headers,
             timeout=timeout)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        state.replicas.eject(replica, f"request failed: {exc!r}")
-        raise _TryElsewhere(f"{replica.url}: {exc!r}") from exc
-    async with upstream:
         hints = LoadHints.from_headers(upstream.headers)
         if hints is not None:
             replica.hints = hints
         if upstream.status in _RETRY_STATUSES:
             raise await _refusal(state, replica, upstream)
         if upstream.content_type == "text/event-stream":
-            return await _stream(request, state, replica, upstream)
-        try:
-            data = await upstream.read()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            state.replicas.eject(replica, f"response broke: {exc!r}")
-            raise _TryElsewhere(f"{replica.url}: {exc!r}") from exc
-        return web.Response(status=upstream.status, body=data,
-                            headers=_response_headers(upstream, replica))
+            return upstream, await upstream.content.readany()
+        return upstream, await upstream.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        if upstream is not None:
+            upstream.close()
+        state.replicas.eject(replica, f"request failed: {exc!r}")
+        raise _TryElsewhere(f"{replica.url}: {exc!r}") from exc
+    except BaseException:
+        if upstream is not None:
+            upstream.close()
+        raise
+
+
+async def _until_ejected(replica: Replica, opening: Coroutine[Any, Any, T]) -> T:
+    """``opening``'s result, unless the replica is ejected first (a health check found it
+    hung): then the request has sent nothing to the client yet and tries elsewhere."""
+    task = asyncio.ensure_future(opening)
+    ejected = asyncio.ensure_future(replica.ejected.wait())
+    try:
+        done, _ = await asyncio.wait((task, ejected), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the client left
+        task.cancel()
+        raise
+    finally:
+        ejected.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    (outcome,) = await asyncio.gather(task, return_exceptions=True)
+    if isinstance(outcome, tuple):  # it finished just as the replica was ejected
+        return outcome  # type: ignore[return-value]
+    raise _TryElsewhere(f"{replica.url} was ejected while the request waited on it")
 
 
 async def _refusal(state: RouterState, replica: Replica,
                    upstream: aiohttp.ClientResponse) -> _TryElsewhere:
-    if upstream.status == 503:  # draining or its engine died: out until /health says 200
-        state.replicas.eject(replica, "answered 503")
     try:
         data = await upstream.read()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        return _TryElsewhere(f"{replica.url}: {exc!r}")
+        data = None
+        reason = f"{replica.url}: {exc!r}"
+    if upstream.status == 503:  # draining or its engine died: out until /health says 200
+        state.replicas.eject(replica, "answered 503")
+    if data is None:
+        return _TryElsewhere(reason)
     answer = web.Response(status=upstream.status, body=data,
                           headers=_response_headers(upstream, replica))
     return _TryElsewhere(f"{replica.url} answered {upstream.status}", answer)
 
 
 async def _stream(request: web.Request, state: RouterState, replica: Replica,
-                  upstream: aiohttp.ClientResponse) -> web.StreamResponse:
-    try:
-        first = await upstream.content.readany()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        state.replicas.eject(replica, f"stream broke before its first chunk: {exc!r}")
-        raise _TryElsewhere(f"{replica.url}: {exc!r}") from exc
+                  upstream: aiohttp.ClientResponse, first: bytes) -> web.StreamResponse:
     response = web.StreamResponse(status=upstream.status,
                                   headers=_response_headers(upstream, replica))
     await response.prepare(request)

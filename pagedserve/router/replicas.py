@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -27,6 +27,8 @@ class Replica:
     in_flight: int = 0
     ejections: int = 0
     hints: LoadHints | None = None
+    # Set when the replica is ejected: requests still waiting for its first byte move on.
+    ejected: asyncio.Event = field(default_factory=asyncio.Event)
 
     def saturated(self, config: RouterConfig) -> bool:
         """Whether the replica's own hints say it cannot take more work now."""
@@ -58,6 +60,13 @@ class ReplicaSet:
             logger.warning("router: ejecting %s: %s", replica.url, reason)
             replica.ejections += 1
         replica.healthy = False
+        replica.ejected.set()
+
+    def admit(self, replica: Replica) -> None:
+        if not replica.healthy:
+            logger.info("router: %s is healthy again", replica.url)
+            replica.healthy = True
+            replica.ejected = asyncio.Event()
 
     def replace(self, urls: list[str]) -> bool:
         """Sets the replicas to ``urls`` (from DNS), keeping the state of those that stay."""
@@ -83,10 +92,9 @@ class ReplicaSet:
             reason = f"health check failed: {exc!r}"
         else:
             reason = f"/health answered {response.status}"
-        if ok and not replica.healthy:
-            logger.info("router: %s is healthy again", replica.url)
-            replica.healthy = True
-        elif not ok:
+        if ok:
+            self.admit(replica)
+        else:
             self.eject(replica, reason)
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:

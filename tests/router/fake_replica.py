@@ -21,6 +21,7 @@ class FakeReplica:
         self.name = name
         self.hints = IDLE
         self.status = 200  # what the generation routes answer
+        self.hang = False  # every route waits until the test ends
         self.requests: list[dict] = []
         self.headers: list[CIMultiDict[str]] = []
         self.release_stream = asyncio.Event()  # the stream's second chunk waits for it
@@ -46,6 +47,8 @@ class FakeReplica:
         response.headers.update(self.hints.to_headers())
 
     async def _health(self, request: web.Request) -> web.Response:
+        if self.hang:
+            await self.release_stream.wait()
         return web.json_response({"status": "ok"})
 
     async def _load(self, request: web.Request) -> web.Response:
@@ -58,6 +61,8 @@ class FakeReplica:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(CIMultiDict(request.headers))
+        if self.hang:
+            await self.release_stream.wait()
         if self.status != 200:
             error = {"error": {"message": "busy", "type": "rate_limit_error", "param": None,
                                "code": "queue_full"}}

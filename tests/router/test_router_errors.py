@@ -42,7 +42,7 @@ async def test_every_attempt_failing_is_a_502(make_router, http) -> None:
     urls = [free_port_url(), free_port_url()]
     router = await make_router(urls)
     for replica in router.state.replicas.replicas.values():
-        replica.healthy = True  # as if they had died since the last health check
+        router.state.replicas.admit(replica)  # as if they had died since the last check
     async with http.post(router.url + "/v1/completions", json={"prompt": "hi"}) as response:
         assert (response.status, response.headers["Retry-After"]) == (502, "1")
         body = await response.json()

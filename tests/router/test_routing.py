@@ -111,6 +111,20 @@ async def test_a_dead_replica_is_ejected_and_the_request_retried(replicas, make_
     assert await metric(http, router, f'pagedserve:router_retries_total{{replica="{a.url}"}}') == 1
 
 
+async def test_a_hung_replica_is_ejected_and_its_waiting_request_retried(
+        replicas, make_router, http) -> None:
+    a, b = replicas
+    router = await make_router([a.url, b.url], health_timeout=0.2)
+    a.hang = True
+    request = asyncio.create_task(complete(http, router, prompts_homed_on(router, a.url)[0]))
+    while not a.requests:
+        await asyncio.sleep(0.01)
+    await router.check_health()  # /health times out: a is ejected
+    status, replica, body = await asyncio.wait_for(request, 10)
+    assert (status, replica, body["replica"]) == (200, b.url, "b")
+    assert await metric(http, router, f'pagedserve:router_retries_total{{replica="{a.url}"}}') == 1
+
+
 async def test_a_replica_answering_garbage_is_ejected(replicas, make_router, http) -> None:
     server, garbage_url = await garbage_server()
     try:
