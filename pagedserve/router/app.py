@@ -129,6 +129,8 @@ async def _session_context(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await state.session.close()
+        # Exports the spans still batched; blocking I/O, so off the loop.
+        await asyncio.to_thread(state.tracing.shutdown)
 
 
 async def _discovery_context(app: web.Application) -> AsyncIterator[None]:

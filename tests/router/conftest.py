@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from pagedserve.router import RouterConfig, create_app
 from pagedserve.router.state import STATE_KEY, RouterState
+from pagedserve.router.tracing import Tracing
 from tests.api.live_server import LiveServer, server_config
 from tests.live_model import write_live_model
 from tests.router.fake_replica import FakeReplica
@@ -35,10 +36,11 @@ class Router:
         await self.state.replicas.check_all(self.state.session)
 
 
-async def start_router(replicas: list[str], **overrides: Any) -> Router:
+async def start_router(replicas: list[str], tracing: Tracing | None = None,
+                       **overrides: Any) -> Router:
     # Health checks only when a test asks for them, so each test decides what the router saw.
     config = RouterConfig(replicas=replicas, health_interval=3600.0, **overrides)
-    server = TestServer(create_app(config), host="127.0.0.1")
+    server = TestServer(create_app(config, tracing), host="127.0.0.1")
     await server.start_server()
     return Router(server)
 
