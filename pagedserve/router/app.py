@@ -68,10 +68,8 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     key = routing_key(request.path, parsed, config.prefix_blocks, config.block_chars,
                       config.block_size)
     route = state.policy.route(state.replicas, key)
-    if config.policy == "prefix" and route.replicas:
-        counter = state.metrics.affinity_hits if route.affinity_hit else \
-            state.metrics.affinity_misses
-        counter.inc()
+    if route.affinity:
+        state.metrics.affinity[route.affinity].inc()
     return await _admitted(request, state, body, route)
 
 

@@ -32,6 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-factor", type=float, default=1.25,
                         help="bounded load: most in-flight requests per replica, as a "
                         "multiple of the mean")
+    parser.add_argument("--spill-threshold", type=int, default=8,
+                        help="bounded load spares a replica until it holds this many requests "
+                        "more than the least loaded one")
+    parser.add_argument("--max-tracked-prefixes", type=int, default=65536,
+                        help="recent prefixes whose replica the router remembers")
     parser.add_argument("--max-waiting", type=int, default=4,
                         help="a replica with this many requests waiting is saturated")
     parser.add_argument("--max-kv-usage", type=float, default=0.95,
@@ -52,7 +57,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         replicas=args.replica, replica_dns=args.replica_dns, policy=args.policy,
         host=args.host, port=args.port, prefix_blocks=args.prefix_blocks,
         block_chars=args.block_chars, block_size=args.block_size,
-        load_factor=args.load_factor, max_waiting=args.max_waiting,
+        load_factor=args.load_factor, spill_threshold=args.spill_threshold,
+        max_tracked_prefixes=args.max_tracked_prefixes,
+        max_waiting=args.max_waiting,
         max_kv_usage=args.max_kv_usage, health_interval=args.health_interval,
         max_attempts=args.max_attempts, max_in_flight=args.max_in_flight,
         max_request_body_bytes=args.max_request_body_bytes,

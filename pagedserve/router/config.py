@@ -22,6 +22,10 @@ class RouterConfig:
     block_size: int = 16
     # Bounded load: no replica takes more than ``load_factor`` × the mean in-flight count.
     load_factor: float = 1.25
+    # ...and holds at least ``spill_threshold`` more than the least loaded replica.
+    spill_threshold: int = 8
+    # Recent prefixes whose replica the router remembers (LRU).
+    max_tracked_prefixes: int = 65536
     # A replica counts as saturated when its hints say so; the prefix choice then moves on.
     max_waiting: int = 4
     max_kv_usage: float = 0.95
@@ -47,9 +51,12 @@ class RouterConfig:
             if not sep or not port.isdigit():
                 raise ValueError(f"--replica-dns must be HOST:PORT, got {self.replica_dns!r}")
         for name in ("prefix_blocks", "block_chars", "block_size", "max_attempts",
+                     "max_tracked_prefixes",
                      "max_in_flight", "max_request_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.spill_threshold < 0:
+            raise ValueError(f"spill_threshold must be non-negative, got {self.spill_threshold}")
         if self.load_factor < 1.0:
             raise ValueError(f"load_factor must be at least 1.0, got {self.load_factor}")
         self.replicas = [url.rstrip("/") for url in self.replicas]

@@ -3,8 +3,8 @@
 Each replica owns ``VIRTUAL_NODES`` points on a 64-bit ring; a key belongs to the first point
 clockwise from its own position. A replica joining or leaving moves only its own keys. The
 bound: walking clockwise, a replica is skipped while taking one more request would put it
-above ``load_factor`` × the mean load, so a hot prefix spills to its neighbours instead of
-piling onto one replica.
+above ``load_factor`` × the mean load (and ``slack`` above the least loaded replica), so a hot
+prefix spills to its neighbours instead of piling onto one replica.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 VIRTUAL_NODES = 64
 
@@ -42,15 +42,12 @@ class HashRing:
                 yield member
 
 
-def load_bound(total_load: int, num_members: int, load_factor: float) -> int:
-    """The most requests one member may hold after one more arrives."""
-    return max(1, math.ceil(load_factor * (total_load + 1) / max(num_members, 1)))
+def load_bound(total_load: int, num_members: int, load_factor: float, least_load: int = 0,
+               slack: int = 0) -> int:
+    """The most requests one member may hold after one more arrives: ``load_factor`` × the
+    mean, but never less than the least loaded member's load + ``slack`` (a few requests more
+    than an idle neighbour is no hot spot: an engine batches them, and moving them would cost
+    their cached prefix)."""
+    mean_bound = math.ceil(load_factor * (total_load + 1) / max(num_members, 1))
+    return max(1, mean_bound, least_load + slack)
 
-
-def bounded_choice(order: Iterable[str], load_of: Callable[[str], int], bound: int,
-                   ) -> str | None:
-    """The first member in ``order`` still under ``bound``."""
-    for member in order:
-        if load_of(member) + 1 <= bound:
-            return member
-    return None

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pagedserve.router.policies import AFFINITY_HIT, AFFINITY_MISS, AFFINITY_NEW
 from pagedserve.router.replicas import ReplicaSet
 
 PREFIX = "pagedserve:router_"
@@ -23,11 +24,16 @@ class RouterMetrics:
         self.retries = Counter(PREFIX + "retries", "Requests retried on another replica "
                                "after this one failed before streaming.", ["replica"],
                                registry=registry)
-        self.affinity_hits = Counter(PREFIX + "cache_affinity_hits", "Prefix-routed requests "
-                                     "sent to their key's home replica.", registry=registry)
-        self.affinity_misses = Counter(PREFIX + "cache_affinity_misses", "Prefix-routed "
-                                       "requests sent elsewhere (home saturated or over its "
-                                       "load bound).", registry=registry)
+        self.affinity = {
+            AFFINITY_HIT: Counter(PREFIX + "cache_affinity_hits", "Requests sent to the "
+                                  "replica their prefix went to before.", registry=registry),
+            AFFINITY_MISS: Counter(PREFIX + "cache_affinity_misses", "Requests whose prefix's "
+                                   "replica was saturated, over its load bound or gone.",
+                                   registry=registry),
+            AFFINITY_NEW: Counter(PREFIX + "new_prefixes", "Requests with a prefix the router "
+                                  "had not seen (placed by consistent hashing).",
+                                  registry=registry),
+        }
         self.failures = Counter(PREFIX + "failed_requests", "Requests the router answered "
                                 "with its own error, by status.", ["status"], registry=registry)
         registry.register(_ReplicaCollector(replicas))

@@ -41,8 +41,9 @@ class OtelTracing(Tracing):
     def span(self, request: web.Request, route: Any) -> Iterator[None]:
         from opentelemetry import trace
 
-        attributes = {"http.request.method": request.method, "http.route": request.path,
-                      "pagedserve.router.affinity_hit": bool(route.affinity_hit)}
+        attributes = {"http.request.method": request.method, "http.route": request.path}
+        if route.affinity:
+            attributes["pagedserve.router.affinity"] = route.affinity
         if route.replicas:
             attributes["pagedserve.router.replica"] = route.replicas[0].url
         with self.tracer.start_as_current_span(

@@ -50,38 +50,57 @@ async def metric(http: aiohttp.ClientSession, router: Router, name: str) -> floa
 
 
 async def test_same_prefix_goes_to_the_same_replica(replicas, make_router, http) -> None:
-    router = await make_router([r.url for r in replicas])
+    # load_factor 1.0: no replica may own more than its even share of the prefixes.
+    router = await make_router([r.url for r in replicas], load_factor=1.0)
+    first = None
     for system in SYSTEMS:
         served = set()
         for question in ("What is 2+2?", "Name a colour.", "Why?"):
             status, replica, _ = await complete(http, router, system + question)
             assert status == 200
             served.add(replica)
-        assert served == {home(router, system)}
-    # Eight prefixes over two replicas: both get some.
-    assert {home(router, s) for s in SYSTEMS} == {r.url for r in replicas}
-    assert await metric(http, router, "pagedserve:router_cache_affinity_hits_total") == 24
+        (replica,) = served
+        first = first or replica
+    # The first prefix lands on its ring home; the eight end up four and four.
+    assert first == home(router, SYSTEMS[0])
+    assert router.state.policy.owners.counts() == {replicas[0].url: 4, replicas[1].url: 4}
+    assert await metric(http, router, "pagedserve:router_new_prefixes_total") == 8
+    assert await metric(http, router, "pagedserve:router_cache_affinity_hits_total") == 16
     for fake in replicas:
         assert await metric(http, router, "pagedserve:router_routed_requests_total"
-                            f'{{replica="{fake.url}"}}') == len(fake.requests)
+                            f'{{replica="{fake.url}"}}') == len(fake.requests) == 12
 
 
 async def test_a_saturated_replica_is_passed_over(replicas, make_router, http) -> None:
-    a, b = replicas
-    router = await make_router([a.url, b.url])
-    a.hints = SATURATED
-    await router.check_health()  # /load now says a has 9 waiting
-    for prompt in prompts_homed_on(router, a.url):
-        status, replica, _ = await complete(http, router, prompt)
-        assert (status, replica) == (200, b.url)
-    assert not a.requests
-    misses = len(prompts_homed_on(router, a.url))
-    assert await metric(http, router, "pagedserve:router_cache_affinity_misses_total") == misses
-    # Its hints clear: the prefix goes home again.
-    a.hints = b.hints
+    router = await make_router([r.url for r in replicas])
+    prompt = SYSTEMS[0] + "Question?"
+    owner = (await complete(http, router, prompt))[1]
+    fake, other = sorted(replicas, key=lambda r: r.url != owner)
+    fake.hints = SATURATED
+    await router.check_health()  # /load now says the owner has 9 waiting
+    assert (await complete(http, router, prompt))[1] == other.url
+    assert await metric(http, router, "pagedserve:router_cache_affinity_misses_total") == 1
+    # New prefixes go around it too.
+    assert {(await complete(http, router, s + "?"))[1] for s in SYSTEMS[1:]} == {other.url}
+    # Its hints clear: the prefix goes back where it is cached.
+    fake.hints = other.hints
     await router.check_health()
-    prompt = prompts_homed_on(router, a.url)[0]
-    assert (await complete(http, router, prompt))[1] == a.url
+    assert (await complete(http, router, prompt))[1] == owner
+    assert await metric(http, router, "pagedserve:router_cache_affinity_hits_total") == 1
+
+
+async def test_a_hot_replica_spills_past_its_load_bound(replicas, make_router, http) -> None:
+    router = await make_router([r.url for r in replicas], spill_threshold=2)
+    prompt = SYSTEMS[0] + "Question?"
+    owner = (await complete(http, router, prompt))[1]
+    busy = router.state.replicas.replicas[owner]
+    busy.in_flight = 1  # one more still fits: 2 ≤ max(ceil(1.25 × 2 / 2), 0 + 2)
+    assert (await complete(http, router, prompt))[1] == owner
+    busy.in_flight = 2  # 3 > max(ceil(1.25 × 3 / 2), 0 + 2): spills to the other
+    assert (await complete(http, router, prompt))[1] != owner
+    busy.in_flight = 0
+    assert await metric(http, router, "pagedserve:router_cache_affinity_misses_total") == 1
+    assert (await complete(http, router, prompt))[1] == owner  # the owner stays
 
 
 async def test_every_replica_saturated_goes_to_the_least_loaded(replicas, make_router,
