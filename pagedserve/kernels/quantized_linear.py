@@ -195,8 +195,11 @@ def take_rows(qw: QuantizedWeight, rows: torch.Tensor | slice) -> QuantizedWeigh
 
 
 def take_inputs(qw: QuantizedWeight, start: int, size: int) -> QuantizedWeight:
-    """Inputs ``[start, start + size)`` of ``qw``, both whole groups (QuantizationError
-    otherwise): a row-parallel rank's shard."""
+    """Inputs ``[start, start + size)`` of ``qw``, both whole groups or, with one scale per
+    output row, any range (QuantizationError otherwise): a row-parallel rank's shard."""
+    if qw.num_groups == 1 and qw.scheme == "int8" and start + size <= qw.in_features:
+        return QuantizedWeight("int8", qw.out_features, size, size,
+                               qw.qweight[:, start : start + size].contiguous(), qw.scales)
     g = qw.group_size
     if start % g or size % g or start + size > qw.in_features:
         raise QuantizationError(f"inputs [{start}, {start + size}) of a weight with "

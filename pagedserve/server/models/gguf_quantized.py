@@ -61,14 +61,19 @@ def keep_gguf_types(model: nn.Module, path: Path, config: ModelConfig,
     for prefix, layer in model.named_modules():
         if not isinstance(layer, PackableLinear) or layer.weight is None:
             continue
+        device = layer.weight.device
         try:
-            weight, kernel, label = _with_kernel(_layer_weight(layer, prefix, tensors), kernels,
-                                                 layer.weight.device)
+            weight = _layer_weight(layer, prefix, tensors, kernels, device)
+            kernel = choose_kernel(kernels, weight, device)
+            if kernel is REFERENCE:
+                raise _StaysFloat(f"no kernel for {weight.scheme} in groups of "
+                                  f"{weight.group_size}")
         except _StaysFloat as reason:
             counts[f"float ({reason})"] += 1
             continue
         layer.quantize(weight, kernel)
-        counts[label] += 1
+        rescaled = weight.scheme == "int8" and weight.num_groups == 1
+        counts[kernel.name + (" (int8 groups rescaled per channel)" if rescaled else "")] += 1
         if prefix.endswith("lm_head"):
             head_weight = weight
     embedding = _embedding(model)
@@ -78,17 +83,17 @@ def keep_gguf_types(model: nn.Module, path: Path, config: ModelConfig,
     return counts
 
 
-def _with_kernel(weight: QuantizedWeight, kernels: tuple[QuantKernel, ...],
-                 device: torch.device) -> tuple[QuantizedWeight, QuantKernel, str]:
-    kernel = choose_kernel(kernels, weight, device)
-    if kernel is not REFERENCE:
-        return weight, kernel, kernel.name
-    if weight.scheme == "int8" and weight.num_groups > 1:
-        rescaled = quantize_int8(dequantize(weight))
-        kernel = choose_kernel(kernels, rescaled, device)
-        if kernel is not REFERENCE:
-            return rescaled, kernel, f"{kernel.name} (int8 groups rescaled per channel)"
-    raise _StaysFloat(f"no kernel for {weight.scheme} in groups of {weight.group_size}")
+def _rescaled(weight: QuantizedWeight, kernels: tuple[QuantKernel, ...],
+              device: torch.device) -> QuantizedWeight:
+    """``weight``, or where no kernel runs int8 in groups but one runs it per channel, the
+    same weight with one scale per output row. The whole tensor is rescaled before any
+    tensor-parallel split, so that every rank's shard has the scales of one rank's."""
+    if weight.scheme != "int8" or weight.num_groups == 1:
+        return weight
+    if choose_kernel(kernels, weight, device) is not REFERENCE:
+        return weight
+    rescaled = quantize_int8(dequantize(weight))
+    return rescaled if choose_kernel(kernels, rescaled, device) is not REFERENCE else weight
 
 
 def _embedding(model: nn.Module) -> VocabParallelEmbedding | None:
@@ -116,14 +121,14 @@ def _quantize_embedding(embedding: VocabParallelEmbedding, tensors: Mapping[str,
     return Counter({f"{EMBEDDING_NOTE}looked up in {tensor.tensor_type.name} blocks": 1})
 
 
-def _layer_weight(layer: PackableLinear, prefix: str,
-                  tensors: Mapping[str, GGUFTensor]) -> QuantizedWeight:
+def _layer_weight(layer: PackableLinear, prefix: str, tensors: Mapping[str, GGUFTensor],
+                  kernels: tuple[QuantKernel, ...], device: torch.device) -> QuantizedWeight:
     parts = []
     for name, slot in layer.checkpoint_slots(prefix, "weight"):
         tensor = tensors.get(name)
         if tensor is None:
             raise _StaysFloat(f"no tensor {name}")
-        parts.append(_shard(_repacked(tensor), slot))
+        parts.append(_shard(_rescaled(_repacked(tensor), kernels, device), slot))
     try:
         return concat_rows(parts)
     except QuantizationError as exc:
