@@ -18,6 +18,9 @@ the limit there.
 With ``--rounds N`` every server runs N times in turn and each cell is its median round
 (``vs_peers_report.py``).
 
+Its real-model mode, ``vs_peers_gguf.py``, serves one GGUF file (SmolLM2-135M-Instruct Q4_1 by
+default) with its weights as stored against llama.cpp's server with its defaults on that file.
+
 A peer that is not installed is skipped with the reason. Last line: one JSON object with
 ``ratio_vs_vllm_cpu`` and ``ratio_vs_llama_cpp`` per workload and the minimum of each.
 """
