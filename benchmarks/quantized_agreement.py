@@ -4,7 +4,7 @@ sonnets the load generator ships), how many leading tokens pagedserve's greedy c
 its default settings, one slot). llama.cpp's text is tokenized with the file's own tokenizer.
 
     python benchmarks/quantized_agreement.py --llama-server PATH [--gguf FILE] [--prompts 50]
-        [--tokens 32] [--quantization gguf] [--threads N]
+        [--tokens 32] [--quantization gguf] [--dtype auto] [--threads N]
 
 Last line: JSON with the median and each prompt's count of leading tokens in common.
 """
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--quantization", default="gguf")
+    parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "agreement"))
     args = parser.parse_args(argv)
@@ -74,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.prompts)
     theirs = llama_greedy(Path(args.llama_server), model, texts, args.tokens, args.threads, work)
-    llm = LLM(str(model), quantization=args.quantization, cpu_threads=args.threads,
-              max_model_len=512)
+    llm = LLM(str(model), quantization=args.quantization, dtype=args.dtype,
+              cpu_threads=args.threads, max_model_len=512)
     params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     ours = [o.outputs[0].token_ids for o in llm.generate(texts, params)]
     tokenizer = llm.engine.tokenizer
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(texts)} prompts, {args.tokens} tokens each: median {median} leading tokens in "
           f"common with llama.cpp ({sum(c == args.tokens for c in common)} identical)")
     print(json.dumps({"median_common_tokens": median, "common_tokens": common,
-                      "quantization": args.quantization}))
+                      "quantization": args.quantization, "dtype": args.dtype}))
     return 0
 
 
