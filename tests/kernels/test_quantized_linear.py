@@ -7,7 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL, INT8_KERNEL
+from pagedserve.kernels.cpu_quantized_linear import (
+    INT4_DENSE_ROWS,
+    INT4_KERNEL,
+    INT8_KERNEL,
+    int4_dense_weight,
+)
 from pagedserve.kernels.dispatch import get_kernel_ops
 from pagedserve.kernels.quantized_linear import (
     REFERENCE,
@@ -92,6 +97,17 @@ def test_int4_op_matches_reference(rows: int, out: int, inp: int, group: int,
     ref = reference_linear(x.float(), qw, bias.float())
     assert y.dtype == dtype and y.shape == (rows, out)
     assert _relative_error(y.float(), ref) < 0.02
+
+
+@pytest.mark.parametrize(("out", "inp"), SHAPES)
+def test_int4_many_rows_take_the_dense_path_and_match_reference(out: int, inp: int) -> None:
+    qw = quantize_int4(_weight(out, inp))
+    state = INT4_KERNEL.prepare(qw)
+    dense = int4_dense_weight(state)[:out, :inp].float()
+    torch.testing.assert_close(dense, dequantize(qw), atol=0.02, rtol=0.01)  # bf16 scales
+    x = _weight(INT4_DENSE_ROWS + 5, inp, 1)
+    y = INT4_KERNEL.linear(x, state, None)
+    assert _relative_error(y, reference_linear(x, qw, None)) < 0.02
 
 
 def test_int4_op_keeps_leading_dims() -> None:
