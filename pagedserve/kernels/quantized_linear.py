@@ -189,9 +189,10 @@ def _rebuild(qw: QuantizedWeight, qweight: torch.Tensor, scales: torch.Tensor,
 
 
 def take_rows(qw: QuantizedWeight, rows: torch.Tensor | slice) -> QuantizedWeight:
-    """The output rows ``rows`` of ``qw`` (each row's groups are its own)."""
-    mins = None if qw.mins is None else qw.mins[rows]
-    return _rebuild(qw, qw.qweight[rows], qw.scales[rows], mins)
+    """The output rows ``rows`` of ``qw`` (each row's groups are its own), copied: a shard
+    must not keep the whole tensor alive."""
+    mins = None if qw.mins is None else qw.mins[rows].clone()
+    return _rebuild(qw, qw.qweight[rows].clone(), qw.scales[rows].clone(), mins)
 
 
 def take_inputs(qw: QuantizedWeight, start: int, size: int) -> QuantizedWeight:

@@ -101,16 +101,16 @@ def load_model(
     with torch.device("meta"):
         model = model_class(config, ops, group)
     materialize(model, run_dtype, device)
+    report = QuantizationReport()
     try:
         load_weights(model, model_weights(model_dir, config), str(model_dir))
+        if quantization == "gguf":
+            report.kernels = keep_gguf_types(model, model_dir, config, ops.quantized_kernels)
     finally:
         # The engine reads the tokenizer first, so a GGUF file's header is not needed again.
         release_gguf_files()
     model.eval()
-    report = QuantizationReport()
-    if quantization == "gguf":
-        report.kernels = keep_gguf_types(model, model_dir, config, ops.quantized_kernels)
-    elif quantization != "none":
+    if quantization not in ("none", "gguf"):
         report.kernels = quantize_linear_layers(model, quantization, ops.quantized_kernels)
     packed = pack_linear_layers(model, ops.linear_packing)
     report.weight_bytes = weight_bytes(model)
