@@ -78,9 +78,13 @@ def llama_default_server(binary: Path, model: Path, port: int, w: Workload, logs
 
 
 WARM_UP = Workload("warm-up", 16, 8, 1, 1)
+# llama-server drops a kept-alive connection between requests (the client's next request on it
+# fails with "server disconnected"): one connection per request.
+LLAMA_CLIENT = ("--header", "Connection=close")
 
 
-def bench(base_url: str, model: Path, w: Workload, out: Path) -> dict:
+def bench(base_url: str, model: Path, w: Workload, out: Path,
+          extra: tuple[str, ...] = ()) -> dict:
     """``pagedserve bench`` with prompts counted by tiktoken (the same for every server)."""
     out.unlink(missing_ok=True)
     command = [PAGEDSERVE, "bench", "--base-url", base_url, "--model", str(model),
@@ -88,7 +92,7 @@ def bench(base_url: str, model: Path, w: Workload, out: Path) -> dict:
                "--random-input-len", str(w.input_len), "--random-output-len",
                str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
                str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
-               "--disable-tqdm", "--result-json", str(out)]
+               "--disable-tqdm", "--result-json", str(out), *extra]
     _run_client(command, {}, out)
     return _summary(json.loads(out.read_text()), w)
 
@@ -103,8 +107,9 @@ def run_once(server_name: str, model: Path, llama: Path | None, workloads: list[
             proc = llama_default_server(llama, model, port, w, work, threads).start()
             try:
                 wait_ready(base, proc, timeout)
-                bench(base, model, WARM_UP, work / "llama-warm-up.json")
-                results[w.name] = bench(base, model, w, work / f"llama-{w.name}.json")
+                bench(base, model, WARM_UP, work / "llama-warm-up.json", LLAMA_CLIENT)
+                results[w.name] = bench(base, model, w, work / f"llama-{w.name}.json",
+                                        LLAMA_CLIENT)
             finally:
                 stop(proc)
             _show(server_name, w, results[w.name])
