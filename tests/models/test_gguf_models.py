@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pagedserve.server.llm import LLM
+from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.source import load_config
 from pagedserve.server.sampling_params import SamplingParams
@@ -60,8 +61,28 @@ def test_config_equals_the_checkpoints(files) -> None:
         assert ours.eos_token_ids == (2,)
 
 
-def test_float32_weights_equal_the_checkpoints_after_the_rope_permutation(files) -> None:
+def test_rope_scaling_from_the_metadata(files, tmp_path: Path) -> None:
+    checkpoint, _ = files["llama-f32"]
+    linear = write_gguf(tmp_path / "linear.gguf", checkpoint, metadata={
+        "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0})
+    assert load_config(linear).rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    yarn = write_gguf(tmp_path / "yarn.gguf", checkpoint, metadata={
+        "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0})
+    with pytest.raises(ModelLoadError) as info:
+        load_config(yarn)
+    assert str(info.value) == (
+        "GGUF rope scaling 'yarn' (factor 4.0) is not supported; supported: linear with a "
+        "factor")
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_float32_weights_equal_the_checkpoints_after_the_rope_permutation(
+        files, tmp_path: Path, biases: bool) -> None:
     checkpoint, gguf_file = files["llama-f32"]
+    if biases:  # Llama with projection biases: llama.cpp permutes the Q/K biases too
+        checkpoint = make_checkpoint(tmp_path / "ckpt", "llama", attention_bias=True,
+                                     mlp_bias=True)
+        gguf_file = write_gguf(tmp_path / "bias.gguf", checkpoint)
     from_gguf, _ = load_model(gguf_file, dtype="float32")
     from_checkpoint, _ = load_model(checkpoint, dtype="float32")
     reference = from_checkpoint.state_dict()
