@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="larger request bodies are refused with 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
+    g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="export OpenTelemetry traces of requests to this OTLP/HTTP endpoint "
+                        "(e.g. http://collector:4318/v1/traces); None: no tracing")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
     add_limit_arguments(parser)
@@ -97,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
         limits=limits_from_args(args),
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
 
 
