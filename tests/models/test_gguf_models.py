@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,6 +89,26 @@ def test_float32_weights_equal_the_checkpoints_after_the_rope_permutation(
     reference = from_checkpoint.state_dict()
     for name, value in from_gguf.state_dict().items():
         assert torch.equal(value, reference[name]), name
+
+
+def test_raw_blocks_reorder_as_the_dequantized_rows(files) -> None:
+    """The hook a quantized loader takes: raw Q8_0 rows, in the file's order, reordered by
+    ``row_order`` before dequantizing give the same weight as the dequantized tensor."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from pagedserve.common.gguf_file import open_gguf
+    from pagedserve.server.models.gguf_weights import gguf_tensors
+
+    _, gguf_file = files["llama-q8_0-tied"]
+    tensors = {t.name: t for t in gguf_tensors(open_gguf(gguf_file), load_config(gguf_file))}
+    q = tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert (q.gguf_name, q.tensor_type, q.shape) == (
+        "blk.0.attn_q.weight", GGMLQuantizationType.Q8_0, (64, 64))
+    assert q.data.dtype == np.uint8 and q.row_order is not None
+    raw_rows = q.data[q.row_order.numpy()]
+    assert torch.equal(torch.from_numpy(dequantize(raw_rows, q.tensor_type)), q.dequantize())
+    assert tensors["model.layers.0.self_attn.v_proj.weight"].row_order is None
 
 
 def _transformers_greedy(gguf_file: Path, prompts: torch.Tensor) -> list[list[int]]:

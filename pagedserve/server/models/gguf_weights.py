@@ -2,9 +2,10 @@
 
 ``gguf_tensors`` is the per-tensor hook: each ``GGUFTensor`` carries the raw data still in its
 GGUF type (quantized blocks included), the Hugging Face name and shape it stands for, and the
-row order that undoes llama.cpp's rope permutation. A loader that keeps weights quantized takes
-the raw blocks from it; ``gguf_weights`` dequantizes each tensor to float32 on the way to the
-model, so the only full copy of the model is its parameters.
+row order that undoes llama.cpp's rope permutation. ``load_weights`` hands each one, unread, to
+its parameter's ``WeightSlot``: the default slot dequantizes it to float32 on the way in (so the
+only full copy of the model is its parameters), and a quantized layer's slot (from its
+``checkpoint_slots``) can take the raw blocks instead.
 
 llama.cpp's converter reorders the rows of a Llama model's Q and K projections, within each
 head, from the two rotated halves of Hugging Face's rotary layout to interleaved pairs (the
