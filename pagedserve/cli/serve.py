@@ -41,11 +41,12 @@ from pagedserve.server.api.shutdown import (
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
+from pagedserve.server.models.model_path import SMOLLM2_NAME
 
 logger = logging.getLogger("pagedserve.serve")
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
-DEFAULT_MODEL = EngineArgs().model
+DEFAULT_MODEL = SMOLLM2_NAME
 
 # Exit statuses: a signal's clean shutdown 0; the engine or the socket could not start 1;
 # invalid settings 2; the engine failed while serving 3.
