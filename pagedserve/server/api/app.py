@@ -12,7 +12,11 @@ from aiohttp import web
 from pagedserve.server.api import routes_info
 from pagedserve.server.api.admission import Admission
 from pagedserve.server.api.config import ServerConfig
-from pagedserve.server.api.connections import GuardedTCPSite, expect_continue
+from pagedserve.server.api.connections import (
+    ConnectionGuard,
+    GuardedTCPSite,
+    expect_continue,
+)
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
@@ -37,7 +41,7 @@ _SHUTDOWN_TIMEOUT_S = 5.0
 
 def create_app(config: ServerConfig) -> web.Application:
     """A ready-to-run application; the engine loads when the app starts up."""
-    admission = Admission(config.api_key)
+    admission = Admission(config.api_key, config.limits.max_requests_per_client)
     app = web.Application(
         middlewares=[error_middleware, admission.middleware()],
         client_max_size=config.max_request_body_bytes,
@@ -66,8 +70,21 @@ def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
 
 
 def make_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
-    """The TCP site every launcher must use: it caps connections and header-read time."""
-    return GuardedTCPSite(runner, host, port, runner.app[CONFIG_KEY].limits)
+    """The TCP site every launcher must use: it caps connections (in all and per client) and
+    header-read time."""
+    return GuardedTCPSite(runner, host, port, _guard(runner))
+
+
+def make_health_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
+    """A second site that answers only /health and /metrics (``--health-port``), with its own
+    few connections, so that orchestrators' probes never queue behind clients."""
+    return GuardedTCPSite(runner, host, port, _guard(runner, max_connections=0))
+
+
+def _guard(runner: web.AppRunner, max_connections: int | None = None) -> ConnectionGuard:
+    assert runner.server is not None, "set the runner up first"
+    return ConnectionGuard(runner.server, runner.app[CONFIG_KEY].limits,
+                           runner.app[ADMISSION_KEY].probe_only, max_connections)
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:

@@ -44,7 +44,14 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout-header-read", type=float, default=d.timeout_header_read,
                    help="seconds a new connection gets to send its request headers")
     g.add_argument("--max-connections", type=int, default=d.max_connections,
-                   help="open connections; more are answered 503 and closed")
+                   help="open connections; more are answered 503 and closed (a few more "
+                        "are kept for /health and /metrics)")
+    g.add_argument("--max-connections-per-client", type=int,
+                   default=d.max_connections_per_client,
+                   help="open connections from one source address; more are answered 429")
+    g.add_argument("--max-requests-per-client", type=int, default=d.max_requests_per_client,
+                   help="requests in flight from one source address, and with one API key; "
+                        "more are answered 429")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
