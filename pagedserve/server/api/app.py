@@ -20,6 +20,7 @@ from pagedserve.server.api.connections import (
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
+from pagedserve.server.api.server_log import ServerLog
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion
 from pagedserve.server.api.serving_responses import create_response
@@ -31,6 +32,7 @@ from pagedserve.server.api.state import (
     ENGINE_KEY,
     METRICS_KEY,
     MODEL_NAMES_KEY,
+    SERVER_LOG_KEY,
     STARTED_KEY,
     TOKENIZER_POOL_KEY,
 )
@@ -51,6 +53,7 @@ def create_app(config: ServerConfig) -> web.Application:
     app[MODEL_NAMES_KEY] = names
     app[ADMISSION_KEY] = admission
     app[BATCHES_KEY] = set()
+    app[SERVER_LOG_KEY] = ServerLog()
     app[METRICS_KEY] = ServerMetrics(names[0], lambda: app.get(ENGINE_KEY))
     app.cleanup_ctx.append(_tokenizer_pool_context)
     app.cleanup_ctx.append(_engine_context)
@@ -66,6 +69,7 @@ def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     disconnects cancels its handler, which is what aborts a non-streaming generation."""
     kwargs.setdefault("shutdown_timeout", _SHUTDOWN_TIMEOUT_S)
     kwargs.setdefault("keepalive_timeout", app[CONFIG_KEY].limits.timeout_keep_alive)
+    kwargs.setdefault("logger", app[SERVER_LOG_KEY])
     return web.AppRunner(app, handler_cancellation=True, **kwargs)
 
 
