@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -13,16 +14,18 @@ import pytest
 from pagedserve.server.api.client_limits import ClientCounter
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.state import ADMISSION_KEY
+from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 from tests.api.test_limits import error, hold_connections, raw_request, release, split
 
 KEYS = ["key-a", "key-b"]
+MAX_TOKENS = 40
 
 
 @pytest.fixture(scope="module")
 def shared_server(model_dir: Path) -> Iterator[LiveServer]:
     limits = ServerLimits(max_connections=20, max_connections_per_client=3,
-                          max_requests_per_client=2)
+                          max_requests_per_client=2, max_tokens_per_request=MAX_TOKENS)
     live = LiveServer(server_config(str(model_dir), limits=limits, api_key=KEYS,
                                     health_port=0)).start()
     yield live
@@ -152,3 +155,54 @@ async def test_the_health_port_answers_while_the_main_port_is_full(
     head, body = split(await raw_request(shared_server.health_port, get("/health")))
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and body == {"status": "ok"}
     await release(guard, held)
+
+
+async def post(server: LiveServer, path: str, body: Any, key: str = KEYS[0]) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.post(
+            server.base_url + path, json=body,
+            headers={"Authorization": f"Bearer {key}"}) as response:
+        return response.status, await response.json()
+
+
+async def test_a_requests_prompt_tokens_are_bounded(shared_server: LiveServer) -> None:
+    tokenizer = shared_server.engine.tokenizer
+    prompts = ["hello world " * 4] * 3
+    num_tokens = sum(len(tokenizer.encode(p)) for p in prompts)
+    assert num_tokens > MAX_TOKENS >= len(tokenizer.encode(prompts[0]))
+
+    def too_many(count: int, param: str) -> dict[str, Any]:
+        return error(f"the request's prompts have {count} tokens in all, more than the limit "
+                     f"of {MAX_TOKENS} (--max-tokens-per-request)", param)
+
+    assert await post(shared_server, "/v1/completions", {
+        "model": MODEL, "prompt": prompts, "max_tokens": 1}) == (
+        400, too_many(num_tokens, "prompt"))
+    assert (await post(shared_server, "/v1/completions", {
+        "model": MODEL, "prompt": prompts[:1], "max_tokens": 1}))[0] == 200
+    text = " ".join(prompts)
+    status, body = await post(shared_server, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1})
+    assert status == 400 and body["error"]["param"] == "messages"
+    chat_tokens = await post(shared_server, "/tokenize", {
+        "model": MODEL, "messages": [{"role": "user", "content": text}]})
+    assert body == too_many(chat_tokens[1]["count"], "messages")
+    status, body = await post(shared_server, "/v1/responses", {
+        "model": MODEL, "input": text, "max_output_tokens": 1})
+    assert (status, body) == (400, too_many(chat_tokens[1]["count"], "input"))
+
+
+async def test_each_key_is_its_own_tenant_in_the_engine(
+        shared_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = shared_server.engine
+    add_request = engine.add_request
+    tenants: list[str | None] = []
+
+    def recording(*args: Any, tenant: str | None = None, **kwargs: Any) -> Any:
+        tenants.append(tenant)
+        return add_request(*args, tenant=tenant, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request", recording)
+    for key in (KEYS[1], KEYS[0]):
+        assert (await post(shared_server, "/v1/completions", {
+            "model": MODEL, "prompt": ["a", "b"], "max_tokens": 1}, key))[0] == 200
+    assert tenants == ["key:1", "key:1", "key:0", "key:0"]

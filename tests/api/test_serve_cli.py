@@ -51,11 +51,12 @@ def test_limit_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         "--tokenizer-threads", "3", "--timeout-keep-alive", "7.5",
         "--timeout-header-read", "2", "--max-connections", "100",
         "--max-connections-per-client", "10", "--max-requests-per-client", "5",
+        "--max-tokens-per-request", "1000",
     ]))
     assert config.limits == ServerLimits(
         max_prompts_per_request=8, max_completions_per_request=16, tokenizer_threads=3,
         timeout_keep_alive=7.5, timeout_header_read=2.0, max_connections=100,
-        max_connections_per_client=10, max_requests_per_client=5)
+        max_connections_per_client=10, max_requests_per_client=5, max_tokens_per_request=1000)
     assert serve.config_from_args(parse([])).limits == ServerLimits()
 
 

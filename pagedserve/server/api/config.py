@@ -17,6 +17,7 @@ class ServerConfigError(ValueError):
 class ServerLimits:
     """``max_prompts_per_request``: prompts in one completions request.
     ``max_completions_per_request``: prompts × best_of (which is n unless set) in one request.
+    ``max_tokens_per_request``: prompt tokens in one request, all its prompts together.
     ``tokenizer_threads``: the pool that tokenizes large inputs and ``/tokenize`` off the
     event loop, so /health and streams keep answering meanwhile.
     ``timeout_keep_alive``: seconds an idle connection stays open (also the bound on how long
@@ -32,6 +33,7 @@ class ServerLimits:
 
     max_prompts_per_request: int = 1024
     max_completions_per_request: int = 1024
+    max_tokens_per_request: int = 262144
     tokenizer_threads: int = 2
     timeout_keep_alive: float = 5.0
     timeout_header_read: float = 10.0

@@ -10,6 +10,7 @@ from aiohttp import web
 from pagedserve.server.api.errors import invalid_request
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
+from pagedserve.server.api.limits import check_prompt_tokens
 from pagedserve.server.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagedserve.server.api.protocol_chat import (
     ChatCompletionRequest,
@@ -77,6 +78,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
+    check_prompt_tokens(serving.limits, len(token_ids), "messages")
     request_id = new_request_id("chatcmpl")
     view = _ChatView(serving, req, params, response_id(request, "chatcmpl-", req.request_id))
     async with serving.batch() as batch:
