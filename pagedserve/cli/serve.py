@@ -79,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-request-body-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="larger request bodies are refused with 413")
+    g.add_argument("--allow-special-tokens-in-content", action="store_true",
+                   help="let special-token text inside chat messages (say <|im_end|>) become "
+                        "the model's special tokens; by default it stays text, so that no "
+                        "message can end its turn and forge another")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--disable-access-log", action="store_true",
@@ -103,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         drain_timeout=args.drain_timeout,
         limits=limits_from_args(args),
         health_port=args.health_port,
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
     )
 
 

@@ -69,9 +69,12 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_several_api_keys_and_a_health_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(serve.API_KEY_ENV, "from-env")
-    config = serve.config_from_args(parse(["--api-key", "a", "b", "--health-port", "9001"]))
+    config = serve.config_from_args(parse(["--api-key", "a", "b", "--health-port", "9001",
+                                           "--allow-special-tokens-in-content"]))
     assert (config.api_key, config.health_port) == (["a", "b"], 9001)
-    assert serve.config_from_args(parse([])).health_port is None
+    assert config.allow_special_tokens_in_content
+    defaults = serve.config_from_args(parse([]))
+    assert (defaults.health_port, defaults.allow_special_tokens_in_content) == (None, False)
 
 
 def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,6 +56,8 @@ class ServerConfig:
     name responses carry. Empty means the engine's model name. ``api_key``: one key or
     several (each its own tenant for the per-client limits). ``health_port``: a second port
     that serves only ``/health`` and ``/metrics``, outside the main port's connection cap.
+    ``allow_special_tokens_in_content``: let special-token text in chat messages become
+    special ids (by default it stays text, so no message can forge a turn).
     """
 
     engine_args: EngineArgs = field(default_factory=EngineArgs)
@@ -67,6 +69,7 @@ class ServerConfig:
     drain_timeout: float = 30.0
     limits: ServerLimits = field(default_factory=ServerLimits)
     health_port: int | None = None
+    allow_special_tokens_in_content: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

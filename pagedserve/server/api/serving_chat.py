@@ -29,6 +29,7 @@ from pagedserve.server.api.serving_common import (
     usage,
 )
 from pagedserve.server.api.sse import stream_events
+from pagedserve.server.api.state import CONFIG_KEY
 from pagedserve.server.engine.outputs import PositionLogprobs
 from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.chat_template import content_text
@@ -40,14 +41,14 @@ ROLE = "assistant"
 
 def encode_chat(serving: Serving, messages: list[Any], rendering: ChatRendering,
                 add_special_tokens: bool = False) -> tuple[str, list[int]]:
-    """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
-    tokenizer = serving.tokenizer
-    text = tokenizer.apply_chat_template(
+    """The prompt text and ids of a conversation (shared with ``/tokenize``): special-token
+    text in the messages stays text unless the server allows it."""
+    # By default no BOS of our own: the template writes its own special tokens.
+    return serving.tokenizer.encode_chat(
         messages, add_generation_prompt=rendering.add_generation_prompt,
         continue_final_message=rendering.continue_final_message,
-        variables=rendering.variables)
-    # By default no BOS of our own: the template writes its own special tokens.
-    return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        variables=rendering.variables, add_special_tokens=add_special_tokens,
+        allow_special_tokens_in_content=serving.app[CONFIG_KEY].allow_special_tokens_in_content)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
