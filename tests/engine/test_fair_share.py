@@ -29,7 +29,8 @@ def test_tenants_take_turns() -> None:
         add(scheduler, request_id, 4, tenant="A")
     for request_id in ("b0", "b1"):
         add(scheduler, request_id, 4, tenant="B")
-    # On a tie (equal tokens admitted) the older request goes first.
+    # On a tie (equal tokens admitted) the tenant served least recently goes first, then the
+    # older request.
     assert admitted(scheduler) == ["a0", "b0", "a1", "b1", "a2", "a3"]
     assert scheduler.tenant_shares.served == {"A": 16, "B": 8}
 
@@ -52,8 +53,8 @@ def test_a_tenant_that_starts_waiting_gets_no_credit_for_its_idle_time() -> None
     add(scheduler, "b0", 4, tenant="B")
     add(scheduler, "b1", 4, tenant="B")
     order += [batch(runner.step())[0][0] for _ in range(5)]
-    # B starts level with A, not 12 tokens behind it: the two alternate.
-    assert order == ["a0", "a1", "a2", "a3", "b0", "a4", "b1", "a5"]
+    # B starts level with A, not 12 tokens behind it: the two alternate, B first.
+    assert order == ["a0", "a1", "a2", "b0", "a3", "b1", "a4", "a5"]
 
 
 def steps_to_first_token(fair: bool) -> int:
