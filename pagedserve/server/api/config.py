@@ -70,6 +70,8 @@ class ServerConfig:
     limits: ServerLimits = field(default_factory=ServerLimits)
     health_port: int | None = None
     allow_special_tokens_in_content: bool = False
+    # OpenTelemetry traces go to this OTLP/HTTP endpoint; None: no tracing.
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
