@@ -103,10 +103,21 @@ def engine_unavailable(detail: str) -> APIError:
                     code="engine_dead")
 
 
-def body_too_large(size: int | None, limit: int) -> APIError:
-    sent = f"{size} bytes" if size is not None else "a body"
-    return APIError(413, f"Request body too large: {sent} sent, the limit is {limit} bytes.",
-                    INVALID_REQUEST, code="request_too_large")
+def body_too_large(size: int | None, limit: int, encoding: str | None = None) -> APIError:
+    """413 that names what was measured: the bytes announced (Content-Length), or for a body
+    without one (chunked) that the bytes read passed the limit; the limit holds for the body
+    once decoded from its ``encoding``, which the message says."""
+    if encoding is not None and encoding.lower() != "identity":
+        sent = f"{size} bytes sent" if size is not None else "a chunked body sent"
+        message = (f"Request body too large: {sent} with Content-Encoding {encoding!r} "
+                   f"decompressed to more than {limit} bytes, the limit (which holds for "
+                   f"the decompressed body).")
+    elif size is not None:
+        message = f"Request body too large: {size} bytes sent, the limit is {limit} bytes."
+    else:
+        message = (f"Request body too large: a chunked body sent passed {limit} bytes, the "
+                   f"limit, before its end.")
+    return APIError(413, message, INVALID_REQUEST, code="request_too_large")
 
 
 def from_exception(exc: BaseException, request: web.Request) -> APIError:
@@ -140,7 +151,8 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
         return APIError(405, message, INVALID_REQUEST, code="method_not_allowed",
                         headers=headers)
     if exc.status == 413:
-        return body_too_large(request.content_length, request.client_max_size)
+        return body_too_large(request.content_length, request.client_max_size,
+                              request.headers.get("Content-Encoding"))
     error_type = INVALID_REQUEST if exc.status < 500 else SERVER_ERROR
     return APIError(exc.status, exc.reason, error_type, headers=headers)
 

@@ -213,9 +213,10 @@ class AsyncEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
-                    cache_salt: str | None = None) -> RequestStream:
+                    cache_salt: str | None = None, tenant: str | None = None) -> RequestStream:
         """Validates at once (InvalidRequestError, QueueFullError, EngineDeadError) and
-        returns the request's stream; the loop thread admits it before its next step."""
+        returns the request's stream; the loop thread admits it before its next step.
+        ``tenant`` names whose request it is, for the scheduler's fairness between them."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
         self.engine.check_request(prompt_token_ids, params)
@@ -223,7 +224,7 @@ class AsyncEngine:
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream
         self._inbox.put(("add", request_id, list(prompt_token_ids), params, prompt, cache_salt,
-                         time.monotonic()))
+                         tenant, time.monotonic()))
         self._wakeup.set()
         return stream
 
@@ -278,13 +279,14 @@ class AsyncEngine:
                 self._stats = self.engine.stats(with_projection=True)
 
     def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,
-               prompt: str | None, cache_salt: str | None, arrival: float) -> None:
+               prompt: str | None, cache_salt: str | None, tenant: str | None,
+               arrival: float) -> None:
         stream = self._streams.get(request_id)
         if stream is None:
             return  # aborted before admission
         try:
             self.engine.add_request(request_id, token_ids, params, prompt=prompt,
-                                    arrival_time=arrival, cache_salt=cache_salt)
+                                    arrival_time=arrival, cache_salt=cache_salt, tenant=tenant)
         except Exception as exc:  # rejected by the scheduler: the caller gets the error
             self._send(request_id, exc)
             return

@@ -185,7 +185,8 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                    arrival_time: float | None = None, cache_salt: str | None = None,
+                    tenant: str | None = None) -> None:
         prompt_token_ids = list(prompt_token_ids)
         if params.max_tokens is None:  # a copy: the caller's params stay as given
             params = replace(params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
@@ -207,7 +208,7 @@ class LLMEngine:
             request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
             cache_salt=cache_salt, prompt=prompt, eos_token_id=self._eos_token_id(),
             bad_words_token_ids=bad_words,
-            beam=self._beam_state(params, len(prompt_token_ids)),
+            beam=self._beam_state(params, len(prompt_token_ids)), tenant=tenant,
         )
         self.scheduler.add_seq_group(group)
 
