@@ -25,7 +25,7 @@ OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 def _unauthorized(message: str) -> APIError:
-    return APIError(401, message, INVALID_REQUEST, code="invalid_api_key",
+    return APIError(message, status=401, type=INVALID_REQUEST, code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"})
 
 

@@ -20,7 +20,13 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 
 from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.api.errors import UNAVAILABLE, APIError, body_too_large
+from pagedserve.server.api.errors import (
+    INVALID_REQUEST,
+    UNAVAILABLE,
+    APIError,
+    body_too_large,
+    error_response,
+)
 
 _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.
@@ -124,9 +130,10 @@ class _Refusal(asyncio.Protocol):
             self._timer = None
         if self._transport is None or self._transport.is_closing():
             return
-        error = APIError(503, f"The server has {self._limit} connections open, its limit; "
-                              "retry shortly.", UNAVAILABLE, code="too_many_connections")
-        body = orjson.dumps(error.body())
+        error = APIError(f"The server has {self._limit} connections open, its limit; "
+                         "retry shortly.", status=503, type=UNAVAILABLE,
+                         code="too_many_connections")
+        body = orjson.dumps(error.error_object())
         head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nRetry-After: {_RETRY_AFTER_S}\r\n"
                 f"Connection: close\r\n\r\n")
@@ -187,11 +194,11 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         return None
     expect = request.headers.get("Expect", "")
     if expect.lower() != "100-continue":
-        return APIError(417, f"Unknown Expect header value {expect!r}.",
-                        code="expectation_failed").to_response()
+        return error_response(APIError(f"Unknown Expect header value {expect!r}.", status=417,
+                                       type=INVALID_REQUEST, code="expectation_failed"))
     size, limit = request.content_length, request.client_max_size
     if size is not None and size > limit:
-        response = body_too_large(size, limit).to_response()
+        response = error_response(body_too_large(size, limit))
         # The body is not wanted: close the connection once answered instead of lingering
         # to read (and discard) a body the client may send anyway.
         request.content.feed_eof()
