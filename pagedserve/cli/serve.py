@@ -41,11 +41,12 @@ from pagedserve.server.api.shutdown import (
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
+from pagedserve.server.models.model_path import SMOLLM2_NAME
 
 logger = logging.getLogger("pagedserve.serve")
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
-DEFAULT_MODEL = EngineArgs().model
+DEFAULT_MODEL = SMOLLM2_NAME
 
 # Exit statuses: a signal's clean shutdown 0; the engine or the socket could not start 1;
 # invalid settings 2; the engine failed while serving 3.
@@ -75,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="larger request bodies are refused with 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
+    g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="export OpenTelemetry traces of requests to this OTLP/HTTP endpoint "
+                        "(e.g. http://collector:4318/v1/traces); None: no tracing")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
     add_limit_arguments(parser)
@@ -96,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
         limits=limits_from_args(args),
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
 
 

@@ -57,6 +57,8 @@ class ServerConfig:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     drain_timeout: float = 30.0
     limits: ServerLimits = field(default_factory=ServerLimits)
+    # OpenTelemetry traces go to this OTLP/HTTP endpoint; None: no tracing.
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -23,6 +23,7 @@ from pagedserve.server.api.state import (
     ENGINE_KEY,
     METRICS_KEY,
     MODEL_NAMES_KEY,
+    TRACING_KEY,
 )
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
@@ -92,7 +93,8 @@ class Serving:
         return await off_loop(request, request.content_length, work)
 
     def batch(self) -> GenerationBatch:
-        return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY])
+        return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY],
+                               self.app.get(TRACING_KEY), self.model_name)
 
     def envelope(self, request_id: str, created: int, kind: str) -> dict[str, Any]:
         """The fields every response object starts with."""
