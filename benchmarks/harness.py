@@ -1,11 +1,12 @@
 """Starting servers and clients for the benchmarks: one way to launch a process, wait until it
 serves, stop it, and run a load-generation client to its result file.
 
-A pagedserve server is ``python -m pagedserve serve`` (``pagedserve_command``); a peer
-server (vLLM, llama.cpp) is any command line. ``start`` launches either with its output in a
-log file (or piped, to read the address a ``--port 0`` server prints); ``wait_ready`` polls
-an HTTP path until it answers 200, ``read_address`` reads the address pagedserve prints, and
-``stop`` sends SIGTERM (pagedserve drains gracefully) and kills what outlives the timeout.
+A pagedserve server is ``python -m pagedserve serve`` (``pagedserve_command``; its router
+``python -m pagedserve router``); a peer server (vLLM, llama.cpp) is any command line.
+``start`` launches either with its output in a log file (or piped, to read the address a
+``--port 0`` server prints); ``wait_ready`` polls an HTTP path until it answers 200,
+``read_address`` reads the address pagedserve prints, and ``stop`` sends SIGTERM (pagedserve
+drains gracefully) and kills what outlives the timeout.
 """
 
 from __future__ import annotations
@@ -41,30 +42,35 @@ def pagedserve_command(*flags: str) -> list[str]:
 
 def start(command: list[str], *, log: Path | None = None, append: bool = False,
           env: Mapping[str, str] | None = None, cpus: set[int] | None = None,
-          cwd: Path | None = None, new_session: bool = False) -> subprocess.Popen[Any]:
+          cwd: Path | None = None, new_session: bool = False,
+          stderr: int | None = None) -> subprocess.Popen[Any]:
     """``command`` in a child process: stdout and stderr into ``log`` (truncated unless
-    ``append``), or stdout piped as text when there is no log. ``env`` replaces the
-    environment as ``subprocess`` does; ``cpus`` pins the process (every thread it starts)
-    to those cores; ``new_session`` keeps a terminal's Ctrl-C from reaching it."""
+    ``append``), or stdout piped as text when there is no log (stderr then goes where
+    ``stderr`` says, as in ``subprocess``). ``env`` replaces the environment as
+    ``subprocess`` does; ``cpus`` pins the process (every thread it starts) to those cores;
+    ``new_session`` keeps a terminal's Ctrl-C from reaching it."""
     pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     if log is None:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env,
-                                preexec_fn=pin, cwd=cwd, start_new_session=new_session)
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                env=env, preexec_fn=pin, cwd=cwd,
+                                start_new_session=new_session)
     with log.open("ab" if append else "wb") as sink:
         return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,
                                 preexec_fn=pin, cwd=cwd, start_new_session=new_session)
 
 
-def read_address(process: subprocess.Popen[Any], timeout_s: float) -> str:
-    """The base URL a piped ``pagedserve serve`` prints once it serves; kills the process
-    and raises if it exits or stays silent past ``timeout_s``."""
+def read_address(process: subprocess.Popen[Any], timeout_s: float,
+                 ready: str = SERVING_ON) -> str:
+    """The base URL a piped ``pagedserve serve`` prints once it serves (at the end of the
+    line that starts with ``ready``; ``pagedserve router`` prints its own); kills the
+    process and raises if it exits or prints no such line within ``timeout_s``."""
     assert process.stdout is not None, "start the server without a log to read its address"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         if not line:
             raise RuntimeError(f"the server exited with status {process.wait()}")
-        if line.startswith(SERVING_ON):
+        if line.startswith(ready):
             return line.rsplit(" ", 1)[1].strip()
     process.kill()
     raise RuntimeError(f"the server did not start in {timeout_s:.0f} s")
