@@ -15,14 +15,13 @@ one's first token. Three phases, in one run:
 ``/health`` is probed on the main port every ``--probe-interval`` seconds through the loaded
 phases. It prints each phase's p50/p99 TTFT and the ratios to solo; the last line is JSON.
 
-    python benchmarks/fairness.py [--quick] [--small-requests 40] [--idle-connections 300]
+    python -m benchmarks.fairness [--quick] [--small-requests 40] [--idle-connections 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks import harness
 from pagedserve.client.sse import iter_sse
 
 KEYS = {"huge": "huge-tenant-key", "small": "small-tenant-key"}
@@ -170,20 +170,8 @@ def summary(ttfts: list[float]) -> dict[str, float]:
 
 
 def start_server() -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "pagedserve.cli.main", "serve", "--model", "tiny",
-               "--host", "127.0.0.1", "--port", "0", "--api-key", *KEYS.values(),
-               *SERVER_FLAGS]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        if line.startswith("pagedserve: serving on "):
-            return process, line.rsplit(" ", 1)[1].strip()
-    process.kill()
-    raise RuntimeError("the server did not start in time")
+    return harness.launch_pagedserve(["--model", "tiny", "--api-key", *KEYS.values(),
+                                      *SERVER_FLAGS], _START_TIMEOUT_S)
 
 
 async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -219,9 +207,7 @@ def main() -> int:
     try:
         phases = asyncio.run(run(url, args))
     finally:
-        process.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(30)
+        harness.stop(process)
     for name, numbers in phases.items():
         print(f"{name:>10}: " + ", ".join(f"{k} {v}" for k, v in numbers.items()))
     print(json.dumps(phases))

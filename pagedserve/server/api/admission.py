@@ -34,7 +34,7 @@ TENANT = web.RequestKey("tenant", str)
 
 
 def _unauthorized(message: str) -> APIError:
-    return APIError(401, message, INVALID_REQUEST, code="invalid_api_key",
+    return APIError(message, status=401, type=INVALID_REQUEST, code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"})
 
 

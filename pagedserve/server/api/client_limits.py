@@ -57,6 +57,6 @@ def peer_host(transport: asyncio.BaseTransport) -> str:
 def over_client_share(what: str, who: str, limit: int, flag: str) -> APIError:
     """429 for a client that holds ``limit`` of ``what`` already."""
     return APIError(
-        429, f"Too many {what} {who}: the limit per client is {limit} ({flag}); retry once "
-             f"one of them has finished.", RATE_LIMIT, code="client_limit_exceeded",
+        f"Too many {what} {who}: the limit per client is {limit} ({flag}); retry once one of "
+        f"them has finished.", status=429, type=RATE_LIMIT, code="client_limit_exceeded",
         headers={"Retry-After": str(CLIENT_RETRY_AFTER_S)})

@@ -23,7 +23,13 @@ from aiohttp.http import HttpVersion11
 
 from pagedserve.server.api.client_limits import ClientCounter, over_client_share, peer_host
 from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.api.errors import UNAVAILABLE, APIError, body_too_large
+from pagedserve.server.api.errors import (
+    INVALID_REQUEST,
+    UNAVAILABLE,
+    APIError,
+    body_too_large,
+    error_response,
+)
 
 _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.
@@ -104,13 +110,13 @@ class ConnectionGuard:
 
 
 def not_on_health_port() -> APIError:
-    return APIError(404, "Only /health and /metrics are served on the health port.",
-                    code="unknown_url")
+    return APIError("Only /health and /metrics are served on the health port.", status=404,
+                    type=INVALID_REQUEST, code="unknown_url")
 
 
 def too_many_connections(limit: int) -> APIError:
-    return APIError(503, f"The server has {limit} connections open, its limit; retry shortly.",
-                    UNAVAILABLE, code="too_many_connections",
+    return APIError(f"The server has {limit} connections open, its limit; retry shortly.",
+                    status=503, type=UNAVAILABLE, code="too_many_connections",
                     headers={"Retry-After": str(_RETRY_AFTER_S)})
 
 
@@ -226,7 +232,7 @@ class _Refusal(asyncio.Protocol):
         if self._transport is None or self._transport.is_closing():
             return
         error = self._error
-        body = orjson.dumps(error.body())
+        body = orjson.dumps(error.error_object())
         headers = "".join(f"{name}: {value}\r\n" for name, value in error.headers.items())
         head = (f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -293,11 +299,11 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         return None
     expect = request.headers.get("Expect", "")
     if expect.lower() != "100-continue":
-        return APIError(417, f"Unknown Expect header value {expect!r}.",
-                        code="expectation_failed").to_response()
+        return error_response(APIError(f"Unknown Expect header value {expect!r}.", status=417,
+                                       type=INVALID_REQUEST, code="expectation_failed"))
     size, limit = request.content_length, request.client_max_size
     if size is not None and size > limit:
-        response = body_too_large(size, limit).to_response()
+        response = error_response(body_too_large(size, limit))
         # The body is not wanted: close the connection once answered instead of lingering
         # to read (and discard) a body the client may send anyway.
         request.content.feed_eof()
