@@ -10,9 +10,11 @@ what.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -37,9 +39,10 @@ from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_layers import shard_config
 from pagedserve.server.models.tiny import resolve_model
+from pagedserve.server.sampling.grammar import GrammarCompiler, GrammarState
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -112,6 +115,10 @@ class LLMEngine:
         self._projection: tuple[float, tuple[int, int, int], float] | None = None
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Built on the first structured request: reading a large vocabulary's bytes takes a
+        # moment that a server never asked for structured output should not pay.
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -163,6 +170,10 @@ class LLMEngine:
                 param="prompt",
             )
         validate_token_ids(params, vocab, self._eos_token_id())
+        if params.structured_outputs is not None and self.tokenizer is None:
+            raise InvalidRequestError(
+                "structured output needs a tokenizer; the server runs without one "
+                "(--skip-tokenizer-init)", param=params.structured_outputs.source)
         if params.use_beam_search and params.stop:
             raise InvalidRequestError("stop strings are not supported with beam search",
                                       param="stop")
@@ -185,7 +196,10 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                    arrival_time: float | None = None, cache_salt: str | None = None,
+                    grammar: Any = None) -> None:
+        """``grammar``: the compiled grammar of ``params.structured_outputs``
+        (``compile_grammar``), compiled here when not given."""
         prompt_token_ids = list(prompt_token_ids)
         if params.max_tokens is None:  # a copy: the caller's params stay as given
             params = replace(params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
@@ -201,8 +215,11 @@ class LLMEngine:
         # The final params and the bad words' ids, once: the sampler does not check them again.
         validate_token_ids(params, self.model_config.vocab_size, self._eos_token_id(),
                            bad_words)
+        if params.structured_outputs is not None and grammar is None:
+            grammar = self.compile_grammar(params.structured_outputs)
         seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size,
-                       text=self.outputs.text_state(prompt_token_ids, params))
+                       text=self.outputs.text_state(prompt_token_ids, params),
+                       grammar=None if grammar is None else GrammarState.start(grammar))
         group = SequenceGroup(
             request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
             cache_salt=cache_salt, prompt=prompt, eos_token_id=self._eos_token_id(),
@@ -210,6 +227,25 @@ class LLMEngine:
             beam=self._beam_state(params, len(prompt_token_ids)),
         )
         self.scheduler.add_seq_group(group)
+
+    def compile_grammar(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar of a structured-output constraint, from the bounded cache
+        when it was compiled lately; thread-safe. InvalidRequestError names what is wrong
+        with an invalid schema, regex or grammar."""
+        return self.grammar_compiler().compile(spec)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                if self.tokenizer is None:
+                    raise InvalidRequestError("structured output needs a tokenizer",
+                                              param="structured_outputs")
+                stops = [t for t in [self._eos_token_id(), *self.model_config.eos_token_ids]
+                         if t is not None]
+                self._grammar_compiler = GrammarCompiler.for_tokenizer(
+                    self.tokenizer, self.model_config.vocab_size, stops,
+                    cache_size=self.args.grammar_cache_size)
+            return self._grammar_compiler
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Frees the request's blocks at once; returns its final output (None if unknown)."""
