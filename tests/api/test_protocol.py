@@ -124,8 +124,9 @@ def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs",
          "top_logprobs must be at most 20, got 21"),
         ({"tools": [{"type": "function"}]}, "tools", "tools is not supported by this server"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type",
-         'response_format.type "json_object" is not supported: only "text" is'),
+        ({"response_format": {"type": "structural_tag"}}, "response_format.type",
+         'response_format.type "structural_tag" is not supported: use "text", "json_object" '
+         'or "json_schema"'),
         ({"modalities": ["text", "audio"]}, "modalities",
          'modalities ["text","audio"] is not supported: only ["text"] is'),
     ],

@@ -13,8 +13,8 @@ from pagedserve.server.api.protocol_sampling import read_sampling_fields
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import MAX_LOGPROBS
 
-# OpenAI fields for tools, audio and structured output: a clear 400 rather than a silent
-# answer that ignores them.
+# OpenAI fields for tools, audio and other outputs: a clear 400 rather than a silent answer
+# that ignores them.
 _UNSUPPORTED = (
     "tools",
     "tool_choice",
@@ -132,7 +132,6 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         encoding=read_prompt_encoding(fields, add_special_tokens=False),
         sampling=read_sampling_fields(fields),
     )
-    _read_response_format(fields)
     _read_modalities(fields)
     fields.reject(*_UNSUPPORTED)
     fields.ignore(*_IGNORED)
@@ -148,19 +147,6 @@ def read_messages(value: Any) -> list[Any]:
     if not isinstance(value, list) or not value:
         raise type_error("messages", "a non-empty list of messages", value)
     return value
-
-
-def _read_response_format(fields: Fields) -> None:
-    response_format = fields.object("response_format")
-    if response_format is None:
-        return
-    kind = response_format.string("type", required=True)
-    if kind != "text":
-        raise InvalidRequestError(
-            f"response_format.type {show(kind)} is not supported: only \"text\" is",
-            param="response_format.type",
-        )
-    response_format.finish()
 
 
 def _read_modalities(fields: Fields) -> None:

@@ -77,10 +77,11 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
+    grammar = await serving.engine.compile_grammar(params)
     request_id = new_request_id("chatcmpl")
     view = _ChatView(serving, req, params, response_id(request, "chatcmpl-", req.request_id))
     async with serving.batch() as batch:
-        batch.add(request_id, token_ids, params, text)
+        batch.add(request_id, token_ids, params, text, grammar=grammar)
         if req.stream:
             await batch.admitted()
             return await stream_events(request, view.stream(batch))

@@ -49,9 +49,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
+    grammar = await serving.engine.compile_grammar(params)
     view = _ResponseView(serving, req, params, response_id(request, "resp_", req.request_id))
     async with serving.batch() as batch:
-        batch.add(new_request_id("resp"), token_ids, params, text)
+        batch.add(new_request_id("resp"), token_ids, params, text, grammar=grammar)
         if req.stream:
             await batch.admitted()
             return await stream_typed_events(request, view.stream(batch))
