@@ -39,6 +39,7 @@ from pagedserve.server.api.shutdown import (
     wait_engine_failure,
 )
 from pagedserve.server.api.state import ENGINE_KEY
+from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
 
@@ -77,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
+    g.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
+                   help="how tool calls are read from the model's text under tool_choice "
+                        "auto (hermes: <tool_call>{JSON}</tool_call>, Hermes and Qwen models)")
     add_limit_arguments(parser)
 
 
@@ -96,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
         limits=limits_from_args(args),
+        tool_call_parser=args.tool_call_parser,
     )
 
 

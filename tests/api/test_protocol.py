@@ -123,7 +123,8 @@ def test_chat_max_completion_tokens_wins_over_max_tokens() -> None:
         ({"top_logprobs": 2}, "top_logprobs", "top_logprobs requires logprobs to be true"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs",
          "top_logprobs must be at most 20, got 21"),
-        ({"tools": [{"type": "function"}]}, "tools", "tools is not supported by this server"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function",
+         "tools[0].function is required"),
         ({"response_format": {"type": "structural_tag"}}, "response_format.type",
          'response_format.type "structural_tag" is not supported: use "text", "json_object" '
          'or "json_schema"'),
