@@ -37,8 +37,8 @@ from pagedserve.server.engine.token_sampling import SampledBatch, SamplingPlan, 
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.model_path import resolve_model
 from pagedserve.server.models.parallel_layers import shard_config
-from pagedserve.server.models.tiny import resolve_model
 from pagedserve.server.sampling.grammar import GrammarCompiler, GrammarState
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids

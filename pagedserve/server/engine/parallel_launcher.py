@@ -49,6 +49,7 @@ from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.loader import resolve_dtype
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel
+from pagedserve.server.models.source import load_config
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ class WorkerGroup:
         base = resolve_device(args.device)
         if size == 1 and launched_rank() is None:
             return cls(TensorParallelGroup(), base)
-        config = ModelConfig.from_pretrained(model_dir)
+        config = load_config(model_dir)
         check_tensor_parallel(config, size)
         timeout = timedelta(seconds=args.distributed_timeout)
         launched = launched_rank() is not None

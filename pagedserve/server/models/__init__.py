@@ -1,6 +1,7 @@
 """Model families (Llama / Mistral, Qwen2, OPT) over the paged KV cache, their config, the
-safetensors loader and the embedded random-weight ``tiny`` checkpoint.
+loaders (safetensors directories and GGUF files) and the embedded random-weight ``tiny``
+checkpoint.
 
-Import from the submodules (``loader.load_model``, ``tiny.resolve_model``, ``config.ModelConfig``)
-so that importing this package stays free of torch.
+Import from the submodules (``loader.load_model``, ``model_path.resolve_model``,
+``config.ModelConfig``) so that importing this package stays free of torch.
 """

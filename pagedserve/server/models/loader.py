@@ -1,4 +1,5 @@
-"""``load_model``: config.json + safetensors → a model on the device, ready for inference.
+"""``load_model``: a checkpoint directory (config.json + safetensors) or a GGUF file → a model
+on the device, ready for inference (``source.py`` reads either).
 
 The model is built on the meta device (no memory, no random init), its parameters are then
 allocated once in the target dtype and device, and the checkpoint is copied in.
@@ -16,11 +17,11 @@ from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
 from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel, pack_linear_layers
 from pagedserve.server.models.registry import get_model_class
-from pagedserve.server.models.weights import checkpoint_files, iterate_weights, load_weights
+from pagedserve.server.models.source import check_model_path, load_config, model_weights
+from pagedserve.server.models.weights import load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +68,12 @@ def load_model(
     backend: str | None = None,
     group: TensorParallelGroup | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
-    """Loads a Hugging Face-format directory. Without ``kernel_ops`` the ops come from
-    ``get_kernel_ops(device, backend)`` (``backend=None``: $PAGEDSERVE_KERNEL_BACKEND). With a
-    tensor-parallel ``group`` only this rank's shard is read and held."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise ModelLoadError(f"model directory {str(model_dir)!r} does not exist")
-    config = ModelConfig.from_pretrained(model_dir)
+    """Loads a Hugging Face-format directory or a GGUF file. Without ``kernel_ops`` the ops
+    come from ``get_kernel_ops(device, backend)`` (``backend=None``:
+    $PAGEDSERVE_KERNEL_BACKEND). With a tensor-parallel ``group`` only this rank's shard is
+    read and held."""
+    model_dir = check_model_path(model_dir)
+    config = load_config(model_dir)
     model_class = get_model_class(config.architecture)
     group = group if group is not None else TensorParallelGroup()
     check_tensor_parallel(config, group.world_size)
@@ -83,7 +83,7 @@ def load_model(
     with torch.device("meta"):
         model = model_class(config, ops, group)
     materialize(model, run_dtype, device)
-    load_weights(model, iterate_weights(checkpoint_files(model_dir)), str(model_dir))
+    load_weights(model, model_weights(model_dir, config), str(model_dir))
     model.eval()
     packed = pack_linear_layers(model, ops.linear_packing)
     if config.note:

@@ -9,7 +9,6 @@ without transformers: config.json, generation_config.json and model.safetensors 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,7 +19,6 @@ from safetensors.torch import save_file
 
 from pagedserve.common.cache_dir import default_cache_dir
 from pagedserve.common.encoding import load_encoding
-from pagedserve.server.models.errors import ModelLoadError
 
 TINY_NAME = "tiny"
 ENCODING = "cl100k_base"
@@ -127,17 +125,3 @@ def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def resolve_model(name_or_dir: str | os.PathLike[str] | None) -> Path:
-    """``None`` or ``"tiny"`` → the embedded model; otherwise a local Hugging Face-format
-    directory (models are never downloaded)."""
-    if name_or_dir is None or str(name_or_dir) == TINY_NAME:
-        return ensure_tiny_model()
-    path = Path(name_or_dir).expanduser()
-    if not (path / "config.json").is_file():
-        raise ModelLoadError(
-            f"model {str(name_or_dir)!r} is not a directory with a config.json; pass a local "
-            f"Hugging Face-format directory or {TINY_NAME!r} (nothing is downloaded)"
-        )
-    return path

@@ -1,0 +1,77 @@
+"""Opening a GGUF file (llama.cpp's format) with the ``gguf`` package, once per process.
+
+The model loader and the tokenizer loader both read the same file: the header (metadata and
+the tensor table) is parsed once and shared, and the tensor data stays in the file's memory
+map until a loader copies it out. A file that is not GGUF, is cut short or is malformed raises
+``GGUFFileError`` naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+GGUF_SUFFIX = ".gguf"
+GGUF_MAGIC = b"GGUF"
+
+
+class GGUFFileError(ValueError):
+    """The file cannot be read as GGUF, or lacks a key every model file has."""
+
+
+def is_gguf_file(path: str | os.PathLike[str]) -> bool:
+    """A regular file named ``*.gguf`` or starting with the GGUF magic."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    if path.suffix.lower() == GGUF_SUFFIX:
+        return True
+    try:
+        with path.open("rb") as handle:
+            return handle.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def open_gguf(path: str | os.PathLike[str]) -> Any:
+    """The ``gguf.GGUFReader`` of ``path`` (shared while the file is unchanged)."""
+    path = Path(path).resolve()
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise GGUFFileError(f"cannot open GGUF file {str(path)!r}: {exc.strerror}") from exc
+    return _read(path, stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=2)
+def _read(path: Path, size: int, mtime_ns: int) -> Any:
+    from gguf import GGUFReader  # numpy-heavy; only GGUF users pay for the import
+
+    try:
+        return GGUFReader(path, "r")
+    except (ValueError, KeyError, IndexError, TypeError, OSError, OverflowError) as exc:
+        # The reader walks the header with numpy views: a file cut short shows up as a view
+        # that is too small to reshape or index.
+        raise GGUFFileError(
+            f"{str(path)!r} is not a readable GGUF file ({size} bytes): {exc}"
+        ) from exc
+
+
+def metadata_value(reader: Any, key: str, default: Any = None) -> Any:
+    """A metadata value as Python (str, int, float, bool or list), or ``default``."""
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    try:
+        return field.contents()
+    except (ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise GGUFFileError(f"GGUF metadata {key!r} is malformed: {exc}") from exc
+
+
+def required_value(reader: Any, key: str) -> Any:
+    value = metadata_value(reader, key)
+    if value is None:
+        raise GGUFFileError(f"GGUF file {str(reader.data.filename)!r} has no {key!r} metadata")
+    return value

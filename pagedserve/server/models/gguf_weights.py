@@ -1,0 +1,157 @@
+"""GGUF tensors → Hugging Face-named weights, one tensor at a time from the memory map.
+
+``gguf_tensors`` is the per-tensor hook: each ``GGUFTensor`` carries the raw data still in its
+GGUF type (quantized blocks included), the Hugging Face name and shape it stands for, and the
+row order that undoes llama.cpp's rope permutation. A loader that keeps weights quantized takes
+the raw blocks from it; ``gguf_weights`` dequantizes each tensor to float32 on the way to the
+model, so the only full copy of the model is its parameters.
+
+llama.cpp's converter reorders the rows of a Llama model's Q and K projections, within each
+head, from the two rotated halves of Hugging Face's rotary layout to interleaved pairs (the
+layout its own rope kernel reads). Row ``(head, i, half)`` of the file is row ``(head, half,
+i)`` of the checkpoint; ``hf_row_order`` inverts it. Qwen2 files are converted unpermuted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.errors import ModelLoadError
+
+# llama.cpp tensor name (after "blk.N.") → Hugging Face name (after "model.layers.N.")
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_TOP = re.compile(r"(\w+)\.(weight|bias)")
+# The architectures whose Q/K rows llama.cpp's converter permutes.
+_ROPE_PERMUTED = frozenset({"LlamaForCausalLM"})
+
+
+def hf_name(gguf_name: str) -> str:
+    """The Hugging Face name of a llama.cpp tensor name; an unknown name comes back as is
+    (and the loader reports it as unexpected)."""
+    match = _LAYER.fullmatch(gguf_name)
+    if match and match.group(2) in _LAYER_NAMES:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    match = _TOP.fullmatch(gguf_name)
+    if match and match.group(1) in _TOP_NAMES:
+        return f"{_TOP_NAMES[match.group(1)]}.{match.group(2)}"
+    return gguf_name
+
+
+def hf_row_order(rows: int, num_heads: int) -> torch.Tensor:
+    """``hf = gguf[order]`` for a rope-permuted projection of ``rows`` rows."""
+    half = rows // num_heads // 2
+    return torch.arange(rows).view(num_heads, half, 2).transpose(1, 2).reshape(-1)
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFTensor:
+    """One tensor as the file stores it.
+
+    ``data`` is the memory-mapped numpy array in ``tensor_type``'s layout (for a quantized
+    type, ``uint8`` rows of blocks); ``shape`` is the Hugging Face shape (rows first: the
+    reverse of GGUF's); ``row_order`` (or None) reorders rows into the Hugging Face layout,
+    which works on rows of quantized blocks too."""
+
+    name: str
+    gguf_name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    data: np.ndarray
+    shape: tuple[int, ...]
+    row_order: torch.Tensor | None = None
+
+    def get_shape(self) -> tuple[int, ...]:
+        return self.shape
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        # A TensorSource: a tensor-parallel rank slices the dequantized tensor.
+        return self.dequantize()[index]
+
+    def dequantize(self) -> torch.Tensor:
+        """float32, Hugging Face layout."""
+        from gguf.quants import dequantize
+
+        try:
+            values = dequantize(self.data, self.tensor_type)
+        except (NotImplementedError, ValueError) as exc:
+            raise ModelLoadError(
+                f"GGUF tensor {self.gguf_name!r} of type {self.tensor_type.name} cannot be "
+                f"dequantized: {exc}"
+            ) from exc
+        tensor = torch.tensor(np.asarray(values, dtype=np.float32)).reshape(self.shape)
+        return tensor if self.row_order is None else tensor[self.row_order]
+
+
+def _permuted_heads(config: ModelConfig, name: str) -> int | None:
+    if config.architecture not in _ROPE_PERMUTED or not name.endswith(".weight"):
+        return None
+    if name.endswith("self_attn.q_proj.weight"):
+        return config.num_attention_heads
+    if name.endswith("self_attn.k_proj.weight"):
+        return config.num_key_value_heads
+    return None
+
+
+def check_tensor_types(reader: Any) -> None:
+    """Refuses, before anything is loaded, a tensor type ``gguf`` cannot dequantize, naming
+    the first tensor of that type."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    checked: set[Any] = set()
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type
+        if kind in checked:
+            continue
+        _, size = GGML_QUANT_SIZES.get(kind, (1, 1))
+        try:
+            dequantize(np.zeros((1, size), dtype=np.uint8), kind)
+        except (NotImplementedError, ValueError) as exc:
+            raise ModelLoadError(
+                f"GGUF tensor {tensor.name!r} has type {kind.name}, which cannot be "
+                f"dequantized ({exc})"
+            ) from exc
+        checked.add(kind)
+
+
+def gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[GGUFTensor]:
+    """Every tensor of the file, unread: the hook a quantized loader takes raw blocks from."""
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        heads = _permuted_heads(config, name)
+        order = None
+        if heads is not None and len(shape) == 2 and shape[0] == heads * config.head_dim:
+            order = hf_row_order(shape[0], heads)
+        yield GGUFTensor(name, tensor.name, tensor.tensor_type, tensor.data, shape, order)
+
+
+def gguf_weights(reader: Any, config: ModelConfig) -> Iterator[tuple[str, GGUFTensor]]:
+    """(Hugging Face name, tensor) pairs for ``load_weights``: a tensor is dequantized only
+    when its slot reads it, after its shape has been checked."""
+    check_tensor_types(reader)
+    for tensor in gguf_tensors(reader, config):
+        yield tensor.name, tensor
