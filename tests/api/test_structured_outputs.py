@@ -120,6 +120,15 @@ async def test_responses_text_format_json_schema(client: AsyncOpenAI) -> None:
                          "strict": True}})
     assert response.status == "completed"
     jsonschema.validate(json.loads(response.output_text), PERSON)
+    assert response.text.format.type == "json_schema" and response.text.format.name == "person"
+
+
+async def test_responses_parse_returns_the_pydantic_object(client: AsyncOpenAI) -> None:
+    response = await client.responses.parse(model=MODEL, input="A pet, please.",
+                                            temperature=1.0, max_output_tokens=100,
+                                            text_format=Pet)
+    assert isinstance(response.output_parsed, Pet)
+    assert response.output_parsed == Pet.model_validate_json(response.output_text)
 
 
 async def test_json_object_output_is_an_object_or_its_prefix(client: AsyncOpenAI) -> None:

@@ -11,7 +11,7 @@ JSON object) as chat's ``response_format`` does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
@@ -41,10 +41,13 @@ class ResponsesRequest:
     request_id: str | None  # vLLM's: the response's id (X-Request-Id wins)
     metadata: dict[str, Any]
     sampling: dict[str, Any]
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
     fields = Fields(body)
+    text = body.get("text") if isinstance(body, dict) else None
+    echoed_format = text.get("format") if isinstance(text, dict) else None
     model = fields.string("model", required=True)
     instructions = fields.string("instructions")
     messages = read_input(fields.raw("input"))
@@ -67,6 +70,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
                 f"text.format and {request.sampling['structured_outputs'].source} both "
                 "constrain the output: send one", param="text.format")
         request.sampling["structured_outputs"] = text_format
+        request.text_format = echoed_format  # the Response object repeats it
     for name in _SINGLE_OUTPUT:
         if name in request.sampling:
             raise InvalidRequestError(f"{name} is not supported by the Responses API (it has "

@@ -91,7 +91,7 @@ class _ResponseView:
             "reasoning": {"effort": None, "summary": None},
             "store": False,
             "temperature": self.params.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": self.req.text_format},
             "tool_choice": "auto",
             "tools": [],
             "top_p": self.params.top_p,
