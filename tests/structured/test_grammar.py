@@ -117,3 +117,18 @@ def test_constrained_and_free_rows_share_one_sampler_call(compiler: GrammarCompi
     assert out.sampled_token_ids[1].item() == token("x")
     assert VOCAB[out.sampled_token_ids[2].item()] in (b"y", b"n", b"yes", b"no")
     assert torch.equal(logits, raw)  # logprobs still come from the raw logits
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "maxLength": 4}])
+@pytest.mark.parametrize(("raw", "allowed"), [
+    (b"\xe4\xb8\xad", True),  # a CJK character
+    (b"\xed\xa0\x80", False),  # a UTF-16 surrogate: not UTF-8
+    (b"\x01", False),  # a control character JSON allows only escaped
+    (b"\x7f", True),
+])
+def test_json_strings_hold_only_what_json_loads_reads(schema: dict, raw: bytes,
+                                                      allowed: bool) -> None:
+    vocab = [b"", *(bytes([b]) for b in range(256))]  # id 0 stops, id b + 1 is byte b
+    state = GrammarState.start(GrammarCompiler(vocab, [0]).compile(Spec(json=schema)))
+    assert all(state.accept(b + 1) for b in b'"')
+    assert all(state.accept(b + 1) for b in raw) == allowed

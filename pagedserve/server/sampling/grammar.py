@@ -41,11 +41,12 @@ DEFAULT_CACHE_SIZE = 256
 # xgrammar prefixes its messages with a time and a C++ source location; a client needs
 # neither.
 _NATIVE_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
-# xgrammar writes the characters of a length-bounded JSON string as this class, which lets
-# raw control characters through (JSON allows them only escaped: json.loads rejects them);
-# its unbounded strings already use the strict class.
-_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
-_STRICT_STRING_CHAR = r'[^\0-\x1f\"\\]'
+# xgrammar's classes for a JSON string's characters, as it writes them: the length-bounded one
+# lets raw control characters through (JSON allows them only escaped), and both let UTF-16
+# surrogates through as 3-byte sequences, which are not UTF-8 (the text would decode to
+# U+FFFD). Each is replaced by the strict class.
+_STRING_CHAR_CLASSES = (r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]')
+_STRICT_STRING_CHAR = r'[^\0-\x1f\"\\\ud800-\udfff]'
 
 
 class GrammarCompiler:
@@ -113,8 +114,9 @@ class GrammarCompiler:
             schema = ('{"type": "object"}' if spec.json_object else
                       spec.json if isinstance(spec.json, str) else json.dumps(spec.json))
             ebnf = str(xgrammar.Grammar.from_json_schema(schema, **json_layout))
-            return compiler.compile_grammar(ebnf.replace(_LOOSE_STRING_CHAR,
-                                                         _STRICT_STRING_CHAR))
+            for loose in _STRING_CHAR_CLASSES:
+                ebnf = ebnf.replace(loose, _STRICT_STRING_CHAR)
+            return compiler.compile_grammar(ebnf)
         if spec.regex is not None:
             return compiler.compile_regex(spec.regex)
         if spec.choice is not None:
