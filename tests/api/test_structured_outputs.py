@@ -116,6 +116,7 @@ async def test_completions_take_every_constraint(client: AsyncOpenAI, extra: dic
 async def test_responses_text_format_json_schema(client: AsyncOpenAI) -> None:
     response = await client.responses.create(
         model=MODEL, input="A person, please.", temperature=1.0, max_output_tokens=100,
+        extra_body={"seed": 3},
         text={"format": {"type": "json_schema", "name": "person", "schema": PERSON,
                          "strict": True}})
     assert response.status == "completed"
@@ -126,7 +127,7 @@ async def test_responses_text_format_json_schema(client: AsyncOpenAI) -> None:
 async def test_responses_parse_returns_the_pydantic_object(client: AsyncOpenAI) -> None:
     response = await client.responses.parse(model=MODEL, input="A pet, please.",
                                             temperature=1.0, max_output_tokens=100,
-                                            text_format=Pet)
+                                            text_format=Pet, extra_body={"seed": 3})
     assert isinstance(response.output_parsed, Pet)
     assert response.output_parsed == Pet.model_validate_json(response.output_text)
 

@@ -116,7 +116,8 @@ async def test_required_calls_come_from_the_grammar(client: AsyncOpenAI,
 async def test_a_named_choice_calls_that_function_streamed(client: AsyncOpenAI) -> None:
     stream = await client.chat.completions.create(
         model=MODEL, messages=MESSAGES, tools=TOOLS, temperature=1.0, max_tokens=200,
-        tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True)
+        tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True,
+        seed=6)
     calls, reasons = [], []
     async for chunk in stream:
         for choice in chunk.choices:
