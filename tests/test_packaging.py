@@ -54,4 +54,4 @@ def test_console_script_points_at_the_dispatcher() -> None:
     from pagedserve.cli.main import SUBCOMMANDS, main
 
     assert callable(main)
-    assert set(SUBCOMMANDS) == {"generate", "serve", "batch", "bench"}
+    assert set(SUBCOMMANDS) == {"generate", "serve", "batch", "bench", "router"}

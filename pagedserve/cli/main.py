@@ -15,6 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("pagedserve.cli.serve", "run the OpenAI-compatible HTTP server"),
     "batch": ("pagedserve.client.cli", "run a JSONL batch against a server under a token budget"),
     "bench": ("pagedserve.loadgen.cli", "measure an OpenAI-compatible server"),
+    "router": ("pagedserve.router.cli", "route requests across replicas by prefix and load"),
 }
 
 

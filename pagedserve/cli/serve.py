@@ -42,11 +42,12 @@ from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
+from pagedserve.server.models.model_path import SMOLLM2_NAME
 
 logger = logging.getLogger("pagedserve.serve")
 
 API_KEY_ENV = "PAGEDSERVE_API_KEY"
-DEFAULT_MODEL = EngineArgs().model
+DEFAULT_MODEL = SMOLLM2_NAME
 
 # Exit statuses: a signal's clean shutdown 0; the engine or the socket could not start 1;
 # invalid settings 2; the engine failed while serving 3.
@@ -76,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="larger request bodies are refused with 413")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
+    g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help="export OpenTelemetry traces of requests to this OTLP/HTTP endpoint "
+                        "(e.g. http://collector:4318/v1/traces); None: no tracing")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
     g.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
@@ -101,6 +105,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         drain_timeout=args.drain_timeout,
         limits=limits_from_args(args),
         tool_call_parser=args.tool_call_parser,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
 
 

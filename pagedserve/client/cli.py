@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="server root or .../v1; repeat it or give a comma list for replicas",
     )
+    parser.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                        help="export a CLIENT span per request to this OTLP/HTTP endpoint and "
+                        "send its traceparent to the server (default: no tracing)")
     parser.add_argument("--endpoint", choices=["chat", "completions", "responses"], default=None,
                         help="endpoint for lines without a url (default: inferred per line)")
     parser.add_argument("--model", default=None,
@@ -144,7 +147,21 @@ def _run_loop(coroutine: Coroutine[Any, Any, BatchSummary]) -> BatchSummary:
     return uvloop.run(coroutine)
 
 
+def _start_tracing(endpoint: str | None) -> Callable[[], None]:
+    """Installs the global tracer provider the client's spans use; returns its shutdown."""
+    if endpoint is None:
+        return lambda: None
+    from opentelemetry import trace
+
+    from pagedserve.common import otel
+
+    provider = otel.tracer_provider("pagedserve-client", endpoint)
+    trace.set_tracer_provider(provider)
+    return provider.shutdown
+
+
 def run(args: argparse.Namespace) -> int:
+    stop_tracing = _start_tracing(args.otlp_traces_endpoint)
     try:
         pool, options = configs_from_args(args)
         summary = _run_loop(
@@ -167,5 +184,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("pagedserve batch: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        stop_tracing()
     print(summary.describe(), file=sys.stderr)
     return 0 if summary.unresolved == 0 else 1

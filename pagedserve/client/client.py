@@ -34,6 +34,7 @@ from pagedserve.client.resources import Chat, Completions, Responses
 from pagedserve.client.retry import RetryPolicy, is_retryable
 from pagedserve.client.streaming import Stream
 from pagedserve.client.types import ServerLoad, TokenizeResult, parse_response
+from pagedserve.common import otel
 
 T = TypeVar("T")
 ChunkT = TypeVar("ChunkT")
@@ -253,10 +254,16 @@ class AsyncClient:
     ) -> aiohttp.ClientResponse:
         """One attempt; a 4xx/5xx answer becomes its ``APIStatusError``."""
         data = None if body is None else orjson.dumps(body)
+        headers = dict(extra_headers or {})
         try:
-            response = await self._get_session().request(
-                method, url, data=data, headers=extra_headers, timeout=timeout
-            )
+            # The span ends when the answer's headers arrive; its context travels as
+            # ``traceparent`` (both no-ops unless the application set up OpenTelemetry).
+            with otel.client_span(f"{method} {URL(url).path}", {"http.request.method": method,
+                                                                 "url.full": url}):
+                otel.inject(headers)
+                response = await self._get_session().request(
+                    method, url, data=data, headers=headers, timeout=timeout
+                )
             if response.status < 400:
                 return response
             try:

@@ -59,6 +59,12 @@ def _read(path: Path, size: int, mtime_ns: int) -> Any:
         ) from exc
 
 
+def release_gguf_files() -> None:
+    """Drops the shared headers once the loaders are done: the tokenizer's metadata alone is
+    hundreds of thousands of small objects, and the memory map is not needed after loading."""
+    _read.cache_clear()
+
+
 def metadata_value(reader: Any, key: str, default: Any = None) -> Any:
     """A metadata value as Python (str, int, float, bool or list), or ``default``."""
     field = reader.fields.get(key)

@@ -28,9 +28,9 @@ _START_TIMEOUT_S = 120.0
 
 
 class LiveServer:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, tracing: Any = None) -> None:
         self.config = config
-        self.app: web.Application = create_app(config)
+        self.app: web.Application = create_app(config, tracing)
         self._loop = uvloop.new_event_loop()
         self._runner = make_runner(self.app, access_log=None)
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

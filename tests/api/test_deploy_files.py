@@ -12,9 +12,14 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from pagedserve.cli import serve
 from pagedserve.loadgen import cli as bench_cli
+from pagedserve.router import RouterConfig
+from pagedserve.router import cli as router_cli
+from pagedserve.router.metrics import RouterMetrics
+from pagedserve.router.replicas import ReplicaSet
 from tests.api.test_metrics import COUNTERS, GAUGES, HISTOGRAMS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +42,7 @@ def parse(add_arguments: Any, argv: list[str]) -> argparse.Namespace:
 
 
 def test_compose_services(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {*SERVERS, "loadgen", "prometheus", "grafana"}
+    assert set(compose["services"]) == {*SERVERS, "router", "loadgen", "prometheus", "grafana"}
     for name in SERVERS:
         service = compose["services"][name]
         assert service["build"] == "."
@@ -46,28 +51,37 @@ def test_compose_services(compose: dict[str, Any]) -> None:
         config = serve.config_from_args(parse(serve.add_arguments, command[1:]))
         assert (config.engine_args.model, config.port, config.served_model_names) == (
             "tiny", 8000, ["tiny"])
+        assert config.engine_args.enable_prefix_caching  # what the router's policy is for
         # Docker must give the drain its time before it kills the container.
         assert int(service["stop_grace_period"].rstrip("s")) > config.drain_timeout
 
 
-def bench_argv(compose: dict[str, Any]) -> tuple[list[str], list[argparse.Namespace]]:
-    """The replicas the loadgen script loops over, and its bench command for each."""
-    (script,) = compose["services"]["loadgen"]["command"]
-    names = re.search(r"for name in (.*?); do", script).group(1).split()
-    bench = re.search(r"do (pagedserve bench .*?) & done", script).group(1)
-    runs = [parse(bench_cli.add_arguments,
-                  shlex.split(bench.replace("$$name", name))[2:]) for name in names]
-    return names, runs
-
-
-def test_loadgen_drives_every_replica(compose: dict[str, Any]) -> None:
-    service = compose["services"]["loadgen"]
+def test_router_fronts_both_replicas(compose: dict[str, Any]) -> None:
+    service = compose["services"]["router"]
+    command = service["command"]
+    assert command[0] == "router"
+    config = router_cli.config_from_args(parse(router_cli.add_arguments, command[1:]))
+    assert config.replicas == [f"http://{name}:8000" for name in SERVERS]
+    assert (config.policy, config.port) == ("prefix", 8080)
     assert set(service["depends_on"]) == set(SERVERS)
     assert all(v["condition"] == "service_healthy" for v in service["depends_on"].values())
-    names, runs = bench_argv(compose)
-    assert names == list(SERVERS)
-    assert [(a.model, a.base_url) for a in runs] == [
-        ("tiny", f"http://{name}:8000") for name in SERVERS]
+    assert f"http://127.0.0.1:{config.port}/health" in service["healthcheck"]["test"][-1]
+
+
+def bench_args(compose: dict[str, Any]) -> argparse.Namespace:
+    (script,) = compose["services"]["loadgen"]["command"]
+    argv = shlex.split(script)
+    assert argv[:2] == ["pagedserve", "bench"]
+    return parse(bench_cli.add_arguments, argv[2:])
+
+
+def test_loadgen_drives_the_router(compose: dict[str, Any]) -> None:
+    service = compose["services"]["loadgen"]
+    assert service["depends_on"] == {"router": {"condition": "service_healthy"}}
+    args = bench_args(compose)
+    assert (args.model, args.base_url) == ("tiny", "http://router:8080")
+    # Prompts sharing prefixes, so the router's cache affinity shows on the dashboard.
+    assert args.dataset_name == "prefix"
 
 
 def test_loadgen_writes_results_and_plots_to_a_mounted_folder(
@@ -78,10 +92,9 @@ def test_loadgen_writes_results_and_plots_to_a_mounted_folder(
     # The folder ships (so Docker does not create it as root) and its contents stay untracked.
     assert (ROOT / host / ".gitkeep").is_file()
     assert "results/*" in (ROOT / ".gitignore").read_text().splitlines()
-    _, runs = bench_argv(compose)
-    for name, args in zip(SERVERS, runs, strict=True):
-        assert (args.save_result, args.result_dir, args.label) == (True, container, name)
-        assert args.plot == f"{container}/plots-{name}"
+    args = bench_args(compose)
+    assert (args.save_result, args.result_dir, args.label) == (True, container, "router")
+    assert args.plot == f"{container}/plots-router"
     # Written as the host user, so the files are the user's own.
     assert service["user"] == "${HOST_UID:-1000}:${HOST_GID:-1000}"
 
@@ -89,7 +102,7 @@ def test_loadgen_writes_results_and_plots_to_a_mounted_folder(
 def test_published_ports_bind_to_localhost(compose: dict[str, Any]) -> None:
     published = [(name, port) for name, service in compose["services"].items()
                  for port in service.get("ports", [])]
-    assert len(published) == 4
+    assert len(published) == 5
     for name, port in published:
         assert port.startswith("127.0.0.1:"), (name, port)
 
@@ -125,17 +138,20 @@ def test_grafana_has_no_anonymous_access(compose: dict[str, Any]) -> None:
 
 def test_long_running_services_restart(compose: dict[str, Any]) -> None:
     # A server whose engine dies exits non-zero; the policy brings it back.
-    for name in (*SERVERS, "prometheus", "grafana"):
+    for name in (*SERVERS, "router", "prometheus", "grafana"):
         assert compose["services"][name]["restart"] == "unless-stopped", name
     assert compose["services"]["loadgen"]["restart"] == "no"  # a one-off job
 
 
-def test_prometheus_scrapes_both_replicas() -> None:
+def test_prometheus_scrapes_both_replicas_and_the_router() -> None:
     config = load_yaml("deploy/prometheus.yml")
-    (job,) = config["scrape_configs"]
-    assert job["metrics_path"] == "/metrics"
-    (static,) = job["static_configs"]
-    assert static["targets"] == [f"{name}:8000" for name in SERVERS]
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"pagedserve", "pagedserve-router"}
+    for name, targets in (("pagedserve", [f"{name}:8000" for name in SERVERS]),
+                          ("pagedserve-router", ["router:8080"])):
+        assert jobs[name]["metrics_path"] == "/metrics"
+        (static,) = jobs[name]["static_configs"]
+        assert static["targets"] == targets
 
 
 def test_grafana_mounts_and_datasource(compose: dict[str, Any]) -> None:
@@ -162,10 +178,25 @@ def test_dashboard_queries_only_exported_metrics() -> None:
         assert panel["datasource"]["uid"] == uid
         for target in panel["targets"]:
             used |= set(re.findall(r"(?:vllm|pagedserve):[a-z0-9_]+", target["expr"]))
+    router_used = {name for name in used if name.startswith("pagedserve:router_")}
+    used -= router_used
+    # The router's panels query what a router exports, and every router series has a panel.
+    assert router_used == router_sample_names()
     # test_metrics checks these names against a live server's /metrics.
     assert used <= exported, used - exported
     assert {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in used} == (
         GAUGES | COUNTERS | HISTOGRAMS)
+
+
+def router_sample_names() -> set[str]:
+    replicas = ReplicaSet(RouterConfig(replicas=["http://a:8000"]))
+    metrics = RouterMetrics(replicas)
+    metrics.routed.labels("http://a:8000").inc()
+    metrics.retries.labels("http://a:8000").inc()
+    metrics.failures.labels("502").inc()
+    text = metrics.render().decode()
+    return {sample.name for family in text_string_to_metric_families(text)
+            for sample in family.samples if not sample.name.endswith("_created")}
 
 
 def test_dockerfile_installs_with_constraints() -> None:

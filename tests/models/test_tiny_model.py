@@ -13,12 +13,8 @@ import torch
 from pagedserve.common.cache_dir import CACHE_ENV
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
-from pagedserve.server.models.tiny import (
-    NOTE,
-    TINY_DIR_NAME,
-    ensure_tiny_model,
-    resolve_model,
-)
+from pagedserve.server.models.model_path import resolve_model
+from pagedserve.server.models.tiny import NOTE, TINY_DIR_NAME, ensure_tiny_model
 from tests.checkpoints import load_hf_model
 from tests.models.paged_harness import PagedHarness, hf_logits
 
@@ -74,8 +70,9 @@ def test_resolve_model_refuses_other_names(tmp_path):
     with pytest.raises(ModelLoadError) as info:
         resolve_model("meta-llama/Llama-3-8B")
     assert str(info.value) == (
-        "model 'meta-llama/Llama-3-8B' is not a directory with a config.json; pass a local "
-        "Hugging Face-format directory or 'tiny' (nothing is downloaded)"
+        "model 'meta-llama/Llama-3-8B' is not a directory with a config.json nor a GGUF file; "
+        "pass a local Hugging Face-format directory, a .gguf file, 'smollm2' or 'tiny' "
+        "(nothing is downloaded)"
     )
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -29,19 +30,31 @@ from pagedserve.server.api.state import (
     MODEL_NAMES_KEY,
     STARTED_KEY,
     TOKENIZER_POOL_KEY,
+    TRACING_KEY,
 )
+
+if TYPE_CHECKING:
+    from pagedserve.server.api.tracing import ServerTracing
 
 # Once the engine is gone, how long a handler may keep its connection open.
 _SHUTDOWN_TIMEOUT_S = 5.0
 
 
-def create_app(config: ServerConfig) -> web.Application:
-    """A ready-to-run application; the engine loads when the app starts up."""
+def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> web.Application:
+    """A ready-to-run application; the engine loads when the app starts up. ``tracing``
+    (else one for ``config.otlp_traces_endpoint``, if set) traces generation requests."""
     admission = Admission(config.api_key)
-    app = web.Application(
-        middlewares=[error_middleware, admission.middleware()],
-        client_max_size=config.max_request_body_bytes,
-    )
+    if tracing is None and config.otlp_traces_endpoint:
+        from pagedserve.server.api.tracing import ServerTracing
+
+        tracing = ServerTracing.from_endpoint(config.otlp_traces_endpoint)
+    middlewares = [error_middleware, admission.middleware()]
+    if tracing is not None:  # outermost: the span sees the status the client gets
+        middlewares.insert(0, tracing.middleware())
+    app = web.Application(middlewares=middlewares, client_max_size=config.max_request_body_bytes)
+    if tracing is not None:
+        app[TRACING_KEY] = tracing
+        app.on_cleanup.append(_flush_traces)
     names = config.served_model_names or [config.engine_args.model]
     app[CONFIG_KEY] = config
     app[MODEL_NAMES_KEY] = names
@@ -86,6 +99,11 @@ def _add_routes(router: web.UrlDispatcher) -> None:
 
 async def _attach_metrics(app: web.Application) -> None:
     app[METRICS_KEY].attach(app[ENGINE_KEY])
+
+
+async def _flush_traces(app: web.Application) -> None:
+    # Exports what the batch processor still holds; blocking I/O, so off the loop.
+    await asyncio.to_thread(app[TRACING_KEY].provider.shutdown)
 
 
 async def _count_response(request: web.Request, response: web.StreamResponse) -> None:

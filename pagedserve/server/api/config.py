@@ -59,6 +59,8 @@ class ServerConfig:
     drain_timeout: float = 30.0
     limits: ServerLimits = field(default_factory=ServerLimits)
     tool_call_parser: str = "hermes"
+    # OpenTelemetry traces go to this OTLP/HTTP endpoint; None: no tracing.
+    otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if self.tool_call_parser not in TOOL_PARSERS:

@@ -20,6 +20,7 @@ from pagedserve.server.errors import RequestFailedError
 from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from pagedserve.server.api.tracing import ServerTracing
     from pagedserve.server.engine.async_engine import AsyncEngine, RequestStream
 
 _Item = tuple[int, RequestOutput | BaseException]
@@ -27,10 +28,13 @@ _Item = tuple[int, RequestOutput | BaseException]
 
 class GenerationBatch:
     def __init__(self, engine: AsyncEngine, active: set[GenerationBatch],
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, tracing: ServerTracing | None = None,
+                 model: str = "") -> None:
         self._engine = engine
         self._active = active
         self._metrics = metrics
+        self._tracing = tracing
+        self._model = model
         self._streams: list[RequestStream] = []
         self._unfinished: set[str] = set()
         self._last_token_time: list[float | None] = []
@@ -102,6 +106,8 @@ class GenerationBatch:
         if output.finished:
             self._unfinished.discard(output.request_id)
             self._metrics.observe_finished(output, self._params[index])
+            if self._tracing is not None:
+                self._tracing.request_finished(output, self._params[index], self._model)
 
     def _abort_unfinished(self) -> None:
         for request_id in self._unfinished:

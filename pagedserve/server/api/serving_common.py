@@ -23,6 +23,7 @@ from pagedserve.server.api.state import (
     ENGINE_KEY,
     METRICS_KEY,
     MODEL_NAMES_KEY,
+    TRACING_KEY,
 )
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS, ToolParser
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
@@ -97,7 +98,8 @@ class Serving:
         return TOOL_PARSERS[self.app[CONFIG_KEY].tool_call_parser]()
 
     def batch(self) -> GenerationBatch:
-        return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY])
+        return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY],
+                               self.app.get(TRACING_KEY), self.model_name)
 
     def envelope(self, request_id: str, created: int, kind: str) -> dict[str, Any]:
         """The fields every response object starts with."""

@@ -13,6 +13,7 @@ from pagedserve.server.api.metrics import ServerMetrics
 
 if TYPE_CHECKING:
     from pagedserve.server.api.generation import GenerationBatch
+    from pagedserve.server.api.tracing import ServerTracing
     from pagedserve.server.engine.async_engine import AsyncEngine
 
 CONFIG_KEY = web.AppKey("config", ServerConfig)
@@ -20,6 +21,8 @@ CONFIG_KEY = web.AppKey("config", ServerConfig)
 MODEL_NAMES_KEY = web.AppKey("model_names", list[str])
 ENGINE_KEY: web.AppKey[AsyncEngine] = web.AppKey("engine")
 METRICS_KEY = web.AppKey("metrics", ServerMetrics)
+# Present only when tracing is on (``ServerTracing``; its module loads OpenTelemetry lazily).
+TRACING_KEY: web.AppKey[ServerTracing] = web.AppKey("tracing")
 # Unix time the engine came up: the ``created`` of the model cards.
 STARTED_KEY = web.AppKey("started", int)
 ADMISSION_KEY = web.AppKey("admission", Admission)

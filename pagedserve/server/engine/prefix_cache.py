@@ -4,43 +4,22 @@ A full block is identified by everything that determines its KV: the tokens befo
 its parent's hash), its own tokens, and an extra key (the request's cache salt). The hash is a
 SHA-256 digest, so two different prefixes practically never share a value, and a
 :class:`BlockHash` compares its own token ids as well, so even a colliding digest is never a
-hit for different tokens.
+hit for different tokens. The hash itself lives in ``pagedserve.common.block_hash``, shared
+with the router's prefix policy.
 """
 
 from __future__ import annotations
 
-import hashlib
-from array import array
-from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from pagedserve.common.block_hash import BlockHash, hash_block_tokens
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.sequence import Sequence
 
-
-@dataclass(frozen=True, slots=True, eq=True)
-class BlockHash:
-    """The identity of one full block in the prefix cache."""
-
-    hash_value: bytes
-    token_ids: tuple[int, ...]
-    extra_key: str | None = None
-
-    def __hash__(self) -> int:
-        # Dict lookups hash only the digest; equality then also checks tokens and extra key.
-        return hash(self.hash_value)
-
-
-def hash_block_tokens(
-    parent: BlockHash | None, token_ids: SequenceABC[int], extra_key: str | None = None
-) -> BlockHash:
-    """The hash of a full block whose predecessor hashed to ``parent`` (None: first block)."""
-    digest = hashlib.sha256(parent.hash_value if parent is not None else b"pagedserve-root")
-    digest.update(array("q", token_ids).tobytes())
-    # The marker byte keeps "no salt" distinct from the empty salt.
-    digest.update(b"\x00" if extra_key is None else b"\x01" + extra_key.encode())
-    return BlockHash(digest.digest(), tuple(token_ids), extra_key)
+__all__ = ["BlockHash", "PrefixCacheStats", "hash_block_tokens", "max_cache_hit_blocks",
+           "update_block_hashes"]
 
 
 def update_block_hashes(seq: Sequence, extra_key: str | None) -> list[BlockHash]:

@@ -101,7 +101,11 @@ class GGUFTensor:
                 f"GGUF tensor {self.gguf_name!r} of type {self.tensor_type.name} cannot be "
                 f"dequantized: {exc}"
             ) from exc
-        tensor = torch.tensor(np.asarray(values, dtype=np.float32)).reshape(self.shape)
+        values = np.asarray(values, dtype=np.float32)
+        # Dequantized values are a fresh array to adopt; float32 data is a read-only view of
+        # the memory map, to copy.
+        tensor = torch.from_numpy(values) if values.flags.writeable else torch.tensor(values)
+        tensor = tensor.reshape(self.shape)
         return tensor if self.row_order is None else tensor[self.row_order]
 
 

