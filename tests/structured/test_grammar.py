@@ -99,24 +99,44 @@ def test_a_fork_goes_its_own_way(compiler: GrammarCompiler) -> None:
     assert not parent.is_terminated
 
 
-def test_constrained_and_free_rows_share_one_sampler_call(compiler: GrammarCompiler) -> None:
-    # Logits that favour "x" everywhere: the free row takes it, the constrained rows cannot.
+def _rows(compiler: GrammarCompiler, free: SamplingParams) -> list[SamplingRow]:
+    grammar = compiler.compile(Spec(choice=["yes", "no"]))
+    greedy = SamplingParams(temperature=0.0)
+    return [SamplingRow(greedy, [5], [], grammar=GrammarState.start(grammar)),
+            SamplingRow(free, [5], []),
+            SamplingRow(SamplingParams(temperature=1.0, seed=3), [5], [],
+                        grammar=GrammarState.start(grammar))]
+
+
+def _favouring_x() -> torch.Tensor:
     logits = torch.zeros(3, len(VOCAB))
     logits[:, token("x")] = 10.0
     logits[:, token("n")] = 1.0
-    grammar = compiler.compile(Spec(choice=["yes", "no"]))
-    greedy = SamplingParams(temperature=0.0)
-    rows = [SamplingRow(greedy, [5], [], grammar=GrammarState.start(grammar)),
-            SamplingRow(greedy, [5], []),
-            SamplingRow(SamplingParams(temperature=1.0, seed=3), [5], [],
-                        grammar=GrammarState.start(grammar))]
-    metadata = SamplingMetadata.build(rows, len(VOCAB), "cpu")
-    raw = logits.clone()
-    out = Sampler(seed=0)(logits, metadata)
+    return logits
+
+
+def test_constrained_and_free_rows_share_one_sampler_call(compiler: GrammarCompiler) -> None:
+    # Logits that favour "x" everywhere: the free row takes it, the constrained rows cannot.
+    logits = _favouring_x()
+    rows = _rows(compiler, SamplingParams(temperature=0.0, logprobs=0))
+    out = Sampler(seed=0)(logits, SamplingMetadata.build(rows, len(VOCAB), "cpu"))
     assert out.sampled_token_ids[0].item() == token("n")
     assert out.sampled_token_ids[1].item() == token("x")
     assert VOCAB[out.sampled_token_ids[2].item()] in (b"y", b"n", b"yes", b"no")
-    assert torch.equal(logits, raw)  # logprobs still come from the raw logits
+    assert torch.equal(logits, _favouring_x())  # logprobs come from the raw logits
+    assert out.sampled_logprobs[1].item() == pytest.approx(
+        torch.log_softmax(_favouring_x()[1], -1)[token("x")].item(), rel=1e-4)
+
+
+def test_without_logprobs_the_mask_is_written_in_place(compiler: GrammarCompiler) -> None:
+    logits = _favouring_x()
+    rows = _rows(compiler, SamplingParams(temperature=0.0))
+    out = Sampler(seed=0)(logits, SamplingMetadata.build(rows, len(VOCAB), "cpu"))
+    assert out.sampled_token_ids[:2].tolist() == [token("n"), token("x")]
+    allowed = {token(t) for t in ("y", "n", "yes", "no")}
+    for row in (0, 2):
+        assert {t for t in range(len(VOCAB)) if logits[row, t] > float("-inf")} == allowed
+    assert torch.equal(logits[1], _favouring_x()[1])
 
 
 @pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "maxLength": 4}])

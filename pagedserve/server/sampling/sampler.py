@@ -66,9 +66,12 @@ class Sampler:
         self._top_k_top_p = top_k_top_p
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """Sample one token per row of ``logits`` (float32 ``[N, V]``, left unmodified)."""
+        """Sample one token per row of ``logits`` (float32 ``[N, V]``), left unmodified unless
+        no row asks for logprobs: then the grammar mask, if any, is written into it, which
+        spares a copy of the whole batch's logits each step."""
         logits = _checked(logits, metadata)
-        token_ids = self._sample(_processed(logits, metadata), metadata)
+        token_ids = self._sample(_processed(logits, metadata, in_place=not _wants_raw(metadata)),
+                                 metadata)
         return SamplerOutput(
             sampled_token_ids=token_ids,
             sampled_logprobs=_needed_logprobs(logits, token_ids, metadata.logprob_rows),
@@ -130,10 +133,17 @@ class Sampler:
         return generator
 
 
-def _processed(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+def _wants_raw(metadata: SamplingMetadata) -> bool:
+    """Whether the raw logits serve the output after sampling (logprobs, ranks)."""
+    return metadata.wants_logprobs or metadata.logprob_rows is None or bool(
+        metadata.logprob_rows)
+
+
+def _processed(logits: torch.Tensor, metadata: SamplingMetadata,
+               in_place: bool = False) -> torch.Tensor:
     processed = apply_penalties_and_biases(logits, metadata)
     if metadata.grammar_bitmask is not None:
-        if processed is logits:  # the raw logits still serve the logprobs
+        if processed is logits and not in_place:  # the raw logits still serve the logprobs
             processed = logits.clone()
         apply_grammar_bitmask(processed, *metadata.grammar_bitmask)
     return processed
