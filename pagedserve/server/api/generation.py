@@ -29,8 +29,9 @@ _Item = tuple[int, RequestOutput | BaseException]
 class GenerationBatch:
     def __init__(self, engine: AsyncEngine, active: set[GenerationBatch],
                  metrics: ServerMetrics, tracing: ServerTracing | None = None,
-                 model: str = "") -> None:
+                 model: str = "", tenant: str | None = None) -> None:
         self._engine = engine
+        self._tenant = tenant
         self._active = active
         self._metrics = metrics
         self._tracing = tracing
@@ -54,7 +55,7 @@ class GenerationBatch:
         """Submits one engine request; raises the engine's errors at once. ``grammar``:
         ``params.structured_outputs`` compiled (``AsyncEngine.compile_grammar``)."""
         stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt,
-                                          grammar=grammar)
+                                          tenant=self._tenant, grammar=grammar)
         self._streams.append(stream)
         self._params.append(params)
         self._unfinished.add(request_id)

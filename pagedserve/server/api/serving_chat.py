@@ -10,6 +10,7 @@ from aiohttp import web
 from pagedserve.server.api.errors import invalid_request
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
+from pagedserve.server.api.limits import check_prompt_tokens
 from pagedserve.server.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagedserve.server.api.protocol_chat import (
     ChatCompletionRequest,
@@ -28,6 +29,7 @@ from pagedserve.server.api.serving_common import (
     usage,
 )
 from pagedserve.server.api.sse import stream_events
+from pagedserve.server.api.state import CONFIG_KEY
 from pagedserve.server.api.tool_parsers import NamedCall, ToolParser, ToolStream
 from pagedserve.server.engine.outputs import PositionLogprobs
 from pagedserve.server.sampling_params import SamplingParams
@@ -40,14 +42,14 @@ ROLE = "assistant"
 
 def encode_chat(serving: Serving, messages: list[Any], rendering: ChatRendering,
                 add_special_tokens: bool = False) -> tuple[str, list[int]]:
-    """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
-    tokenizer = serving.tokenizer
-    text = tokenizer.apply_chat_template(
+    """The prompt text and ids of a conversation (shared with ``/tokenize``): special-token
+    text in the messages stays text unless the server allows it."""
+    # By default no BOS of our own: the template writes its own special tokens.
+    return serving.tokenizer.encode_chat(
         messages, add_generation_prompt=rendering.add_generation_prompt,
         continue_final_message=rendering.continue_final_message,
-        variables=rendering.variables)
-    # By default no BOS of our own: the template writes its own special tokens.
-    return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        variables=rendering.variables, add_special_tokens=add_special_tokens,
+        allow_special_tokens_in_content=serving.app[CONFIG_KEY].allow_special_tokens_in_content)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -78,6 +80,7 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
+    check_prompt_tokens(serving.limits, len(token_ids), "messages")
     grammar = await serving.engine.compile_grammar(params)
     request_id = new_request_id("chatcmpl")
     view = _ChatView(serving, req, params, response_id(request, "chatcmpl-", req.request_id))

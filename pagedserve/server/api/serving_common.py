@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from pagedserve.server.api.admission import TENANT
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import invalid_request, model_not_found
 from pagedserve.server.api.generation import GenerationBatch
@@ -60,11 +61,12 @@ class Serving:
     engine: AsyncEngine
     model_names: list[str]
     app: web.Application
+    tenant: str | None = None  # whose request: the scheduler is fair between tenants
 
     @classmethod
     def of(cls, request: web.Request) -> Serving:
         app = request.app
-        return cls(app[ENGINE_KEY], app[MODEL_NAMES_KEY], app)
+        return cls(app[ENGINE_KEY], app[MODEL_NAMES_KEY], app, request.get(TENANT))
 
     @property
     def model_name(self) -> str:
@@ -99,7 +101,7 @@ class Serving:
 
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY],
-                               self.app.get(TRACING_KEY), self.model_name)
+                               self.app.get(TRACING_KEY), self.model_name, self.tenant)
 
     def envelope(self, request_id: str, created: int, kind: str) -> dict[str, Any]:
         """The fields every response object starts with."""

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
+from pagedserve.server.api.limits import check_prompt_tokens
 from pagedserve.server.api.protocol_chat import ChatRendering
 from pagedserve.server.api.protocol_responses import ResponsesRequest, parse_responses_request
 from pagedserve.server.api.serving_chat import encode_chat
@@ -49,6 +50,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
+    check_prompt_tokens(serving.limits, len(token_ids), "input")
     grammar = await serving.engine.compile_grammar(params)
     view = _ResponseView(serving, req, params, response_id(request, "resp_", req.request_id))
     async with serving.batch() as batch:

@@ -9,7 +9,6 @@ GIL inside its ops, so the event loop keeps serving while the model computes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import queue
@@ -17,11 +16,12 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
-from pagedserve.server.engine.llm_engine import LLMEngine
+from pagedserve.server.engine.llm_engine import LLMEngine, PreparedRequest
 from pagedserve.server.engine.outputs import RequestOutput
 from pagedserve.server.errors import EngineDeadError, InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams
@@ -213,9 +213,6 @@ class AsyncEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises InvalidRequestError for a request the engine can never serve; changes
         nothing and may run in any thread (the server checks large prompts off its loop)."""
-        if params.max_tokens is None:
-            params = dataclasses.replace(
-                params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
         self.engine.check_request(prompt_token_ids, params)
 
     async def compile_grammar(self, params: SamplingParams) -> Any:
@@ -237,17 +234,21 @@ class AsyncEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
-                    cache_salt: str | None = None, grammar: Any = None) -> RequestStream:
+                    cache_salt: str | None = None, tenant: str | None = None,
+                    grammar: Any = None) -> RequestStream:
         """Validates at once (InvalidRequestError, QueueFullError, EngineDeadError) and
-        returns the request's stream; the loop thread admits it before its next step."""
+        returns the request's stream; the loop thread admits it before its next step.
+        ``tenant`` names whose request it is, for the scheduler's fairness between them;
+        ``grammar`` is ``params.structured_outputs`` compiled (``compile_grammar``)."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
-        self.engine.check_request(prompt_token_ids, params)
+        request = replace(self.engine.prepare_request(prompt_token_ids, params),
+                          grammar=grammar)
         self.engine.scheduler.check_queue_room(num_arriving=self._inbox.qsize())
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream
-        self._inbox.put(("add", request_id, list(prompt_token_ids), params, prompt, cache_salt,
-                         time.monotonic(), grammar))
+        self._inbox.put(("add", request_id, request, prompt, cache_salt, tenant,
+                         time.monotonic()))
         self._wakeup.set()
         return stream
 
@@ -301,16 +302,14 @@ class AsyncEngine:
                     self._streams.pop(message[1], None)  # already finished
                 self._stats = self.engine.stats(with_projection=True)
 
-    def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,
-               prompt: str | None, cache_salt: str | None, arrival: float,
-               grammar: Any) -> None:
+    def _admit(self, request_id: str, request: PreparedRequest, prompt: str | None,
+               cache_salt: str | None, tenant: str | None, arrival: float) -> None:
         stream = self._streams.get(request_id)
         if stream is None:
             return  # aborted before admission
         try:
-            self.engine.add_request(request_id, token_ids, params, prompt=prompt,
-                                    arrival_time=arrival, cache_salt=cache_salt,
-                                    grammar=grammar)
+            self.engine.add_prepared(request_id, request, prompt=prompt, arrival_time=arrival,
+                                     cache_salt=cache_salt, tenant=tenant)
         except Exception as exc:  # rejected by the scheduler: the caller gets the error
             self._send(request_id, exc)
             return

@@ -157,13 +157,14 @@ class SequenceGroup:
 
     A request starts with one sequence; parallel sampling and beam search fork more after the
     prompt is computed, so their prompt blocks are shared. ``cache_salt`` separates prefix-cache
-    entries of tenants that must not see each other's hits. The group is the one home of the
-    request's state: its prompt text, its stop token, its beam search, its prompt logprobs and
-    its timing record (``metrics``); the scheduler changes them.
+    entries of tenants that must not see each other's hits; ``tenant`` names whose request
+    it is (an API key, a client), which the scheduler's admission is fair between. The group
+    is the one home of the request's state: its prompt text, its stop token, its beam search,
+    its prompt logprobs and its timing record (``metrics``); the scheduler changes them.
     """
 
     __slots__ = ("bad_words_token_ids", "beam", "cache_salt", "eos_token_id", "metrics",
-                 "prompt", "prompt_logprobs", "request_id", "sampling_params", "seqs")
+                 "prompt", "prompt_logprobs", "request_id", "sampling_params", "seqs", "tenant")
 
     def __init__(
         self,
@@ -177,8 +178,10 @@ class SequenceGroup:
         eos_token_id: int | None = None,
         bad_words_token_ids: list[list[int]] | None = None,
         beam: BeamState | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.tenant = tenant
         self.seqs: list[Sequence] = list(seqs)
         if not self.seqs:
             raise ValueError(f"request {request_id!r} needs at least one sequence")
