@@ -99,3 +99,14 @@ def test_prefix_cache_hits_leave_constrained_outputs_alone(llm: LLM, model_dir: 
     assert _greedy_people(cached, 3) == first == _greedy_people(llm, 3)
     assert cached.engine.scheduler.stats().prefix_cache_hit_tokens > 0
 
+
+
+def test_free_and_constrained_requests_share_steps_unchanged(llm: LLM) -> None:
+    free = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    constrained = SamplingParams(temperature=0.0, max_tokens=60,
+                                 structured_outputs=Spec(json=PERSON))
+    prompts = ["A free reply:", "A person:"]
+    alone = [llm.generate([p], [s])[0].outputs[0].token_ids
+             for p, s in zip(prompts, (free, constrained), strict=True)]
+    together = [r.outputs[0].token_ids for r in llm.generate(prompts, [free, constrained])]
+    assert together == alone
