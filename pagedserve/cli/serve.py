@@ -39,6 +39,7 @@ from pagedserve.server.api.shutdown import (
     wait_engine_failure,
 )
 from pagedserve.server.api.state import ENGINE_KEY
+from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
 from pagedserve.server.models.model_path import SMOLLM2_NAME
@@ -91,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. http://collector:4318/v1/traces); None: no tracing")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
+    g.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
+                   help="how tool calls are read from the model's text under tool_choice "
+                        "auto (hermes: <tool_call>{JSON}</tool_call>, Hermes and Qwen models)")
     add_limit_arguments(parser)
 
 
@@ -110,6 +114,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
         limits=limits_from_args(args),
+        tool_call_parser=args.tool_call_parser,
         health_port=args.health_port,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
         otlp_traces_endpoint=args.otlp_traces_endpoint,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.engine_args import EngineArgs
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
@@ -68,12 +69,16 @@ class ServerConfig:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     drain_timeout: float = 30.0
     limits: ServerLimits = field(default_factory=ServerLimits)
+    tool_call_parser: str = "hermes"
     health_port: int | None = None
     allow_special_tokens_in_content: bool = False
     # OpenTelemetry traces go to this OTLP/HTTP endpoint; None: no tracing.
     otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser not in TOOL_PARSERS:
+            raise ServerConfigError(f"tool_call_parser must be one of "
+                                    f"{', '.join(TOOL_PARSERS)}, got {self.tool_call_parser!r}")
         if not 0 <= self.port <= 65535:
             raise ServerConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.max_request_body_bytes < 1:

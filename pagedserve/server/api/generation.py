@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.engine.outputs import RequestOutput
@@ -51,10 +51,11 @@ class GenerationBatch:
         self._abort_unfinished()
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            prompt: str | None) -> None:
-        """Submits one engine request; raises the engine's errors at once."""
+            prompt: str | None, grammar: Any = None) -> None:
+        """Submits one engine request; raises the engine's errors at once. ``grammar``:
+        ``params.structured_outputs`` compiled (``AsyncEngine.compile_grammar``)."""
         stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt,
-                                          tenant=self._tenant)
+                                          tenant=self._tenant, grammar=grammar)
         self._streams.append(stream)
         self._params.append(params)
         self._unfinished.add(request_id)

@@ -26,6 +26,7 @@ from pagedserve.server.api.state import (
     MODEL_NAMES_KEY,
     TRACING_KEY,
 )
+from pagedserve.server.api.tool_parsers import TOOL_PARSERS, ToolParser
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 
@@ -93,6 +94,10 @@ class Serving:
         """``work()`` (tokenizing the request's inputs): inline for a small body, in the
         tokenizer pool for a large one, so the event loop keeps answering meanwhile."""
         return await off_loop(request, request.content_length, work)
+
+    def tool_parser(self) -> ToolParser:
+        """The parser ``--tool-call-parser`` names, for ``tool_choice: "auto"``."""
+        return TOOL_PARSERS[self.app[CONFIG_KEY].tool_call_parser]()
 
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY],

@@ -61,13 +61,14 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
         reject_unstreamable(params)
     prompts = await serving.tokenization(request, lambda: _prompts(serving, req, params))
     check_prompt_tokens(serving.limits, sum(len(p.token_ids) for p in prompts), "prompt")
+    grammar = await serving.engine.compile_grammar(params)  # one for every prompt
     request_id = new_request_id("cmpl")
     view = _CompletionView(serving, req, params, prompts,
                            response_id(request, "cmpl-", req.request_id))
     async with serving.batch() as batch:
         for i, prompt in enumerate(prompts):
-            batch.add(f"{request_id}-{i}", prompt.token_ids, params,
-                      prompt.text)
+            batch.add(f"{request_id}-{i}", prompt.token_ids, params, prompt.text,
+                      grammar=grammar)
         if req.stream:
             await batch.admitted()
             return await stream_events(request, view.stream(batch))

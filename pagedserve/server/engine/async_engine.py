@@ -15,12 +15,15 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
 
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.llm_engine import LLMEngine, PreparedRequest
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.errors import EngineDeadError
+from pagedserve.server.errors import EngineDeadError, InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -120,6 +123,10 @@ class AsyncEngine:
         self._stats = engine.stats(with_projection=True)
         self._num_steps = 0
         self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
+        # Grammars compile here, never in the step loop; a compilation past its timeout
+        # cannot be stopped, so few threads bound what runaway ones can take.
+        self._grammar_pool = ThreadPoolExecutor(max_workers=2,
+                                                thread_name_prefix="pagedserve-grammar")
 
     @classmethod
     async def launch(cls, args: EngineArgs) -> AsyncEngine:
@@ -181,6 +188,7 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         await asyncio.to_thread(self.engine.shutdown)
+        self._grammar_pool.shutdown(wait=False, cancel_futures=True)
         self._fail_all(EngineDeadError("the engine has shut down"))
 
     @property
@@ -207,15 +215,35 @@ class AsyncEngine:
         nothing and may run in any thread (the server checks large prompts off its loop)."""
         self.engine.check_request(prompt_token_ids, params)
 
+    async def compile_grammar(self, params: SamplingParams) -> Any:
+        """The compiled grammar of ``params.structured_outputs`` (None without one), compiled
+        off the event loop and the step loop; InvalidRequestError for an invalid constraint
+        or one that takes longer than ``grammar_compile_timeout`` to compile."""
+        spec = params.structured_outputs
+        if spec is None:
+            return None
+        timeout = self.engine_args.grammar_compile_timeout
+        work = asyncio.get_running_loop().run_in_executor(
+            self._grammar_pool, self.engine.compile_grammar, spec)
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            raise InvalidRequestError(
+                f"{spec.source} took longer than {timeout:g} s to compile; simplify it "
+                "(the server's --grammar-compile-timeout)", param=spec.source) from None
+
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
-                    cache_salt: str | None = None, tenant: str | None = None) -> RequestStream:
+                    cache_salt: str | None = None, tenant: str | None = None,
+                    grammar: Any = None) -> RequestStream:
         """Validates at once (InvalidRequestError, QueueFullError, EngineDeadError) and
         returns the request's stream; the loop thread admits it before its next step.
-        ``tenant`` names whose request it is, for the scheduler's fairness between them."""
+        ``tenant`` names whose request it is, for the scheduler's fairness between them;
+        ``grammar`` is ``params.structured_outputs`` compiled (``compile_grammar``)."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
-        request = self.engine.prepare_request(prompt_token_ids, params)
+        request = replace(self.engine.prepare_request(prompt_token_ids, params),
+                          grammar=grammar)
         self.engine.scheduler.check_queue_room(num_arriving=self._inbox.qsize())
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream

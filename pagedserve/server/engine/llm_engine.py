@@ -10,9 +10,11 @@ what.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -38,9 +40,10 @@ from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.model_path import resolve_model
 from pagedserve.server.models.parallel_layers import shard_config
+from pagedserve.server.sampling.grammar import GrammarCompiler, GrammarState
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -51,11 +54,13 @@ PROJECTION_EVERY_S = 0.05
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
-    """A request ``LLMEngine.prepare_request`` checked, with its final parameters."""
+    """A request ``LLMEngine.prepare_request`` checked, with its final parameters, and the
+    compiled grammar of its structured output once compiled (``compile_grammar``)."""
 
     prompt_token_ids: list[int]
     params: SamplingParams
     bad_words_token_ids: list[list[int]]
+    grammar: Any = None
 
 
 class LLMEngine:
@@ -122,6 +127,10 @@ class LLMEngine:
         self._projection: tuple[float, tuple[int, int, int], float] | None = None
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Built on the first structured request: reading a large vocabulary's bytes takes a
+        # moment that a server never asked for structured output should not pay.
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -188,6 +197,10 @@ class LLMEngine:
             params = replace(params, stop_token_ids=params.stop_token_ids + extra_eos)
         bad_words = self.bad_words_token_ids(params)
         validate_token_ids(params, vocab, self._eos_token_id(), bad_words)
+        if params.structured_outputs is not None and self.tokenizer is None:
+            raise InvalidRequestError(
+                "structured output needs a tokenizer; the server runs without one "
+                "(--skip-tokenizer-init)", param=params.structured_outputs.source)
         if params.use_beam_search and params.stop:
             raise InvalidRequestError("stop strings are not supported with beam search",
                                       param="stop")
@@ -197,9 +210,11 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
                     arrival_time: float | None = None, cache_salt: str | None = None,
-                    tenant: str | None = None) -> None:
-        self.add_prepared(request_id, self.prepare_request(prompt_token_ids, params), prompt,
-                          arrival_time, cache_salt, tenant)
+                    tenant: str | None = None, grammar: Any = None) -> None:
+        """``grammar``: the compiled grammar of ``params.structured_outputs``
+        (``compile_grammar``), compiled here when not given."""
+        request = replace(self.prepare_request(prompt_token_ids, params), grammar=grammar)
+        self.add_prepared(request_id, request, prompt, arrival_time, cache_salt, tenant)
 
     def add_prepared(self, request_id: str, request: PreparedRequest,
                      prompt: str | None = None, arrival_time: float | None = None,
@@ -207,11 +222,15 @@ class LLMEngine:
         """Adds a request ``prepare_request`` checked (in any thread) to the scheduler;
         ``tenant`` names whose request it is, for the scheduler's fairness between them."""
         params, prompt_token_ids = request.params, request.prompt_token_ids
+        grammar = request.grammar
+        if params.structured_outputs is not None and grammar is None:
+            grammar = self.compile_grammar(params.structured_outputs)
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
             cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
         seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size,
-                       text=self.outputs.text_state(prompt_token_ids, params))
+                       text=self.outputs.text_state(prompt_token_ids, params),
+                       grammar=None if grammar is None else GrammarState.start(grammar))
         group = SequenceGroup(
             request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
             cache_salt=cache_salt, prompt=prompt, eos_token_id=self._eos_token_id(),
@@ -219,6 +238,25 @@ class LLMEngine:
             beam=self._beam_state(params, len(prompt_token_ids)), tenant=tenant,
         )
         self.scheduler.add_seq_group(group)
+
+    def compile_grammar(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar of a structured-output constraint, from the bounded cache
+        when it was compiled lately; thread-safe. InvalidRequestError names what is wrong
+        with an invalid schema, regex or grammar."""
+        return self.grammar_compiler().compile(spec)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                if self.tokenizer is None:
+                    raise InvalidRequestError("structured output needs a tokenizer",
+                                              param="structured_outputs")
+                stops = [t for t in [self._eos_token_id(), *self.model_config.eos_token_ids]
+                         if t is not None]
+                self._grammar_compiler = GrammarCompiler.for_tokenizer(
+                    self.tokenizer, self.model_config.vocab_size, stops,
+                    cache_size=self.args.grammar_cache_size)
+            return self._grammar_compiler
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Frees the request's blocks at once; returns its final output (None if unknown)."""

@@ -142,7 +142,7 @@ class TokenSampler:
         rows = [SamplingRow(params=g.sampling_params, prompt_token_ids=s.prompt_token_ids,
                             output_token_ids=s.output_token_ids, seed=seed,
                             eos_token_id=g.eos_token_id,
-                            bad_words_token_ids=g.bad_words_token_ids)
+                            bad_words_token_ids=g.bad_words_token_ids, grammar=s.grammar)
                 for s, g, seed in zip(seqs, groups, seeds)]
         # The engine checked each request's ids when it arrived (LLMEngine.prepare_request).
         return SamplingMetadata.build(rows, self.vocab_size, device, check_rows=False)

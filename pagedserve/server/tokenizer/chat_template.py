@@ -23,7 +23,10 @@ A model without a template gets ``DEFAULT_CHAT_TEMPLATE``, ChatML::
     <|im_start|>assistant
 
 one ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` block per message, then
-``<|im_start|>assistant\\n`` when ``add_generation_prompt`` is true. With
+``<|im_start|>assistant\\n`` when ``add_generation_prompt`` is true. With ``tools`` it
+renders them as Hermes and Qwen templates do: a system turn listing them and the
+``<tool_call>`` format, an assistant's calls as ``<tool_call>`` blocks, and ``tool`` results
+inside ``<tool_response>``. With
 ``continue_final_message`` the prompt stops right after the last message's content (no
 ``<|im_end|>``), so that the model continues that message: a reply prefilled by the caller.
 """
@@ -46,9 +49,36 @@ from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
 
 DEFAULT_CHAT_TEMPLATE = (
-    "{% for message in messages %}"
+    # With tools, a system turn lists them (merged with the conversation's own system
+    # message) and shows the Hermes call format that the "hermes" tool parser reads.
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}"
+    "{%- endif %}"
+    "{{- 'You may call one or more functions. Their signatures are within "
+    "<tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each call, write a JSON object with the function name and "
+    "its arguments within <tool_call></tool_call> tags:\\n<tool_call>\\n{\"name\": "
+    "<function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if tools and loop.first and message['role'] == 'system' %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>tool\\n<tool_response>\\n' + message['content'] + "
+    "'\\n</tool_response><|im_end|>\\n' }}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set function = call['function'] if call['function'] is defined else call %}"
+    "{{- '<tool_call>\\n' + ({'name': function['name'], 'arguments': function['arguments']}"
+    " | tojson) + '\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
+    "{%- endif %}"
+    "{%- endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
