@@ -1,6 +1,6 @@
 """Client fan-out: what the batch runner gets out of a server, local and API-like.
 
-    python benchmarks/client_fanout.py [--quick] [--model tiny] [--base-url URL] [--no-api]
+    python -m benchmarks.client_fanout [--quick] [--model tiny] [--base-url URL] [--no-api]
 
 Part 1, a local server. Starts ``pagedserve serve --model MODEL`` on a free port (unless
 ``--base-url`` names a running server), waits for ``GET /health``, then sends the same prompts
@@ -35,12 +35,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,9 +46,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import aiohttp
-from fanout_api import run_api
-
+from benchmarks.fanout_api import run_api
+from benchmarks.harness import free_port, pagedserve_command, running, wait_ready
 from pagedserve.client import (
     AsyncClient,
     BatchRequest,
@@ -98,48 +93,6 @@ def make_prompts(count: int) -> list[str]:
         f"Request {i}: " + " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(8 + i % 64))
         for i in range(count)
     ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-async def wait_healthy(url: str, process: subprocess.Popen[bytes] | None, limit_s: float):
-    deadline = time.monotonic() + limit_s
-    async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
-            if process is not None and process.poll() is not None:
-                raise RuntimeError(f"server exited with status {process.returncode}")
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(2)) as r:
-                    if r.status == 200:
-                        return
-            await asyncio.sleep(0.5)
-    raise RuntimeError(f"server at {url} not healthy after {limit_s:.0f} s")
-
-
-@contextlib.contextmanager
-def running_server(model: str, port: int, extra: list[str], log: Path,
-                   env: dict[str, str] | None = None, cpus: set[int] | None = None):
-    """``pagedserve serve`` in a child process; ``cpus``: the cores it (every thread it
-    starts) may run on."""
-    command = [sys.executable, "-m", "pagedserve.cli.main", "serve",
-               "--model", model, "--port", str(port), *extra]
-    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   preexec_fn=pin)
-    try:
-        yield process
-    finally:
-        process.send_signal(signal.SIGTERM)  # graceful drain first
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 async def preemptions(url: str) -> int | None:
@@ -308,7 +261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def _main(args: argparse.Namespace, url: str | None, process) -> dict[str, Any]:
     line: dict[str, Any] = {}
     if url is not None:
-        await wait_healthy(url, process, args.startup_timeout)
+        await asyncio.to_thread(wait_ready, url, process, args.startup_timeout)
         line = summary_line(args, await run_modes(args, url))
     if not args.no_api:
         line["api"] = await run_api(args.api_latency, args.api_tpm, args.api_requests,
@@ -325,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     port = free_port()
     log = Path(tempfile.gettempdir()) / f"client_fanout_server_{os.getpid()}.log"
-    with running_server(args.model, port, args.server_arg, log) as process:
+    command = pagedserve_command("--model", args.model, "--port", str(port), *args.server_arg)
+    with running(command, log=log) as process:
         try:
             line = asyncio.run(_main(args, f"http://127.0.0.1:{port}", process))
         except Exception:

@@ -8,7 +8,7 @@ measures it with no server and no client: a one-thread float32 matmul loop pinne
 alone and then on both cores at once, and reports both-at-once GFLOP/s over the sum of the
 alone ones. ``cotuning.py`` prints it beside the two-replica ratio.
 
-    python benchmarks/core_pairing.py [--cores 0,1] [--seconds 4] [--size 1024]
+    python -m benchmarks.core_pairing [--cores 0,1] [--seconds 4] [--size 1024]
 
 Last line: one JSON object.
 """

@@ -1,6 +1,6 @@
 """Client and server tuned together: does ``--max-inflight-tokens auto`` find the best budget?
 
-    python benchmarks/cotuning.py [--quick] [--plots docs/images]
+    python -m benchmarks.cotuning [--quick] [--plots docs/images]
 
 Builds a random-weight Llama (transformers' ``LlamaConfig``, float32, saved as safetensors),
 serves it with ``pagedserve serve`` (prefix caching on, a KV cache small enough that a large
@@ -61,12 +61,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import cotuning_runs
-from client_fanout import free_port, running_server, wait_healthy
-from core_pairing import core_pairing
-from cotuning_plot import plot
-from cotuning_replicas import replica_cores, two_replicas
-from cotuning_runs import (
+from benchmarks import cotuning_runs
+from benchmarks.core_pairing import core_pairing
+from benchmarks.cotuning_plot import plot
+from benchmarks.cotuning_replicas import replica_cores, two_replicas
+from benchmarks.cotuning_runs import (
     AUTOS,
     SHAPES,
     VOCAB,
@@ -78,6 +77,7 @@ from cotuning_runs import (
     rounds,
     run_once,
 )
+from benchmarks.harness import free_port, pagedserve_command, running, wait_ready
 
 
 async def sweep_shape(url: str, model: str, shape: Shape, budgets: list[int],
@@ -207,7 +207,7 @@ def scaled(shape: Shape, quick: bool, scale: float = 1.0) -> Shape:
 
 async def main_async(args: argparse.Namespace, urls: list[str], processes: list) -> dict:
     for url, process in zip(urls, processes, strict=True):
-        await wait_healthy(url, process, 300.0)
+        await asyncio.to_thread(wait_ready, url, process, 300.0)
     model = args.model_dir
     budgets = [int(b) for b in args.budgets.split(",")]
     shapes = {}
@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         for i, extra in enumerate(replicas):
             port = free_port()
             log = Path(tmp) / f"server{i}.log"
-            processes.append(stack.enter_context(running_server(
-                args.model_dir, port, extra, log, env=env, cpus=cores[i])))
+            command = pagedserve_command("--model", args.model_dir, "--port", str(port), *extra)
+            processes.append(stack.enter_context(running(command, log=log, env=env,
+                                                         cpus=cores[i])))
             urls.append(f"http://127.0.0.1:{port}")
         try:
             # The event loop `pagedserve batch` runs on (uvloop where installed): on two

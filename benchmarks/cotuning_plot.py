@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cotuning_runs import AUTOS
+from benchmarks.cotuning_runs import AUTOS
 
 
 def plot(shape: str, data: dict[str, Any], directory: Path) -> Path:

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict
 from typing import Any
 
-from cotuning_runs import (
+from benchmarks.cotuning_runs import (
     SHAPES,
     RunResult,
     Shape,

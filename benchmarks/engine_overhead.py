@@ -4,7 +4,7 @@ Builds the random-weight Llama of issue 15 (hidden 512, 8 layers, 8 heads, 4 KV 
 intermediate 1408, vocab 8192, float32) and runs a decode-heavy batch (64 prompts x 128 in,
 64 out; ``--num-prompts`` for a larger batch, all running at once) greedy and sampled
 (temperature 0.8, top_p 0.9). The engine's step time is split into
-the forward (``ModelRunner.execute`` + ``compute_logits``) and everything else (scheduling,
+the forward (``ModelRunner.execute``, the logits included) and everything else (scheduling,
 input packing, sampling, output processing), over the decode-only steps.
 
 ``--baseline DIR`` also runs the code of the checkout at DIR (its folders imported as
@@ -66,7 +66,6 @@ def run_once(model_dir: str, sampled: bool, profile: bool, num_prompts: int) -> 
     forward: list[float] = []
     runner = llm.engine.runner
     runner.execute = timed(runner.execute, forward)
-    runner.compute_logits = timed(runner.compute_logits, forward)
     decode_steps: list[tuple[float, float]] = []  # (step, forward) of steps without prefill
     num_steps = [0]
 

@@ -7,8 +7,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from api_like_server import ApiLikeServer
-
+from benchmarks.api_like_server import ApiLikeServer
 from pagedserve.client import AsyncClient, BatchRequest, BatchRunner, PoolConfig, build_pool
 from pagedserve.client.errors import APIError
 

@@ -2,8 +2,8 @@
 # Everything in the project that needs a CUDA GPU, in one pass of about ten minutes:
 #   1. the Triton kernel tests and the CUDA sampling test, on the device;
 #   2. parity with transformers (tests/e2e) on the default path, which on CUDA is Triton;
-#   3. benchmarks/kernels_gpu.py: decode-kernel bandwidth against the device's peak;
-#   4. benchmarks/throughput.py on the GPU: pagedserve against transformers `generate`;
+#   3. benchmarks.kernels_gpu: decode-kernel bandwidth against the device's peak;
+#   4. benchmarks.throughput on the GPU: pagedserve against transformers `generate`;
 #   5. a served run: `pagedserve serve --device cuda` measured by `pagedserve bench`.
 # Each step has its own time limit and a failed step does not stop the next. Logs and JSON go
 # to $OUT (default ./gpu-results); the last line printed is the exit status of each step.
@@ -63,18 +63,18 @@ if wanted tests; then
     status[tests]=${PIPESTATUS[0]}
 fi
 
-wanted kernels && step kernels 100 "$py" benchmarks/kernels_gpu.py --reps 20
+wanted kernels && step kernels 100 "$py" -m benchmarks.kernels_gpu --reps 20
 
-wanted throughput && step throughput 200 "$py" benchmarks/throughput.py --device cuda \
+wanted throughput && step throughput 200 "$py" -m benchmarks.throughput --device cuda \
     --hidden-size 1024 --num-layers 8 --num-requests 150
 
 serve_run() {
-    # Run from outside the checkout: its kernels/ folder would shadow the Hub package of
-    # that name, which transformers probes for.
-    (cd "$work" && "$py" - "$work/model" "$repo/benchmarks" <<'EOF') || return 1
+    # The server runs from outside the checkout, as an installed pagedserve does; the
+    # benchmarks package is read from the checkout.
+    (cd "$work" && PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$py" - "$work/model" \
+        <<'EOF') || return 1
 import sys
-sys.path.insert(0, sys.argv[2])
-from peer_model import PeerModelShape, build_peer_model
+from benchmarks.peer_model import PeerModelShape, build_peer_model
 build_peer_model(sys.argv[1], PeerModelShape(
     hidden_size=2048, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=8,
     intermediate_size=5504, vocab_size=8192))

@@ -8,7 +8,7 @@ as a fraction of the device's peak (table by name, or ``--peak-gbps``). SDPA run
 K/V laid out [S, Hkv, L, D], the GQA group folded into the query length. The last line printed
 is one JSON object.
 
-    python benchmarks/kernels_gpu.py [--peak-gbps 4800] [--reps 30]
+    python -m benchmarks.kernels_gpu [--peak-gbps 4800] [--reps 30]
 """
 
 from __future__ import annotations

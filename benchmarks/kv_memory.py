@@ -20,8 +20,13 @@ import json
 import math
 from dataclasses import dataclass
 
-from kv_sim import SHAREGPT, lognormal_lengths, make_scheduler, running_seqs, synthetic_prompt
-
+from benchmarks.kv_sim import (
+    SHAREGPT,
+    lognormal_lengths,
+    make_scheduler,
+    running_seqs,
+    synthetic_prompt,
+)
 from pagedserve.server.engine.kv_allocation import cdiv
 from pagedserve.server.engine.scheduler import Scheduler
 from pagedserve.server.engine.scheduler_stats import TokenOccupancy

@@ -2,8 +2,8 @@
 
 The memory benchmarks drive the engine's ``Scheduler`` and ``BlockManager`` with a fake model
 runner that appends one token per step to each sequence that samples, so what they measure is
-the block accounting itself. No model runs, so no time is measured. Import this module from a
-sibling script (``python benchmarks/<name>.py`` puts this folder on ``sys.path``).
+the block accounting itself. No model runs, so no time is measured. The memory benchmarks
+import it as ``benchmarks.kv_sim``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ own thread and event loop; the load generator drives it first open-loop at a tar
 closed-loop (max concurrency, no rate) to find its ceiling. Both share this process's GIL, so
 the numbers are a floor for a generator talking to a remote server. Prints a JSON last line.
 
-    python benchmarks/loadgen_capacity.py --num-prompts 4000 --request-rate 1000
+    python -m benchmarks.loadgen_capacity --num-prompts 4000 --request-rate 1000
 """
 
 from __future__ import annotations

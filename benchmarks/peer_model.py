@@ -5,7 +5,7 @@ Every id must decode to text and come back from the tokenizer: random weights ge
 id, and clients such as ``vllm bench serve`` build prompts by decoding random ids. A byte-level
 BPE trained here on a seeded synthetic corpus fills the whole vocabulary with merges.
 
-    python benchmarks/peer_model.py OUT_DIR        # writes config, safetensors, tokenizer
+    python -m benchmarks.peer_model OUT_DIR        # writes config, safetensors, tokenizer
 """
 
 from __future__ import annotations

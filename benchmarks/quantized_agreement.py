@@ -3,7 +3,7 @@ sonnets the load generator ships), how many leading tokens pagedserve's greedy c
 (``--quantization gguf`` by default, offline engine) shares with llama-server's (temperature 0,
 its default settings, one slot). llama.cpp's text is tokenized with the file's own tokenizer.
 
-    python benchmarks/quantized_agreement.py --llama-server PATH [--gguf FILE] [--prompts 50]
+    python -m benchmarks.quantized_agreement --llama-server PATH [--gguf FILE] [--prompts 50]
         [--tokens 32] [--quantization gguf] [--dtype auto] [--threads N]
 
 Last line: JSON with the median and each prompt's count of leading tokens in common.
@@ -15,13 +15,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import urllib.request
 from pathlib import Path
 
-# Run as a script: its own folder is on sys.path.
-from vs_peers import Server, free_port, stop, wait_ready
+from benchmarks.harness import free_port, stop, wait_ready
+from benchmarks.vs_peers import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 SONNETS = ROOT / "pagedserve" / "loadgen" / "sonnets.txt"
@@ -66,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "agreement"))
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     from pagedserve.server import LLM, SamplingParams
     from pagedserve.server.models.model_path import resolve_model
 

@@ -7,8 +7,8 @@ weight shape and batch rows, side by side, alternating rounds, best of each.
 A decode step at a CPU server's batch sizes streams every weight once: int8 reads a quarter
 and int4 about a seventh of float32's bytes (the scales included).
 
-    python benchmarks/quantized_linear.py [--rows 1 8 32 64] [--repeats 20] [--rounds 3]
-                                          [--threads N]
+    python -m benchmarks.quantized_linear [--rows 1 8 32 64] [--repeats 20] [--rounds 3]
+        [--threads N]
 
 On a machine shared with other busy processes, ``--threads 1`` keeps OpenMP threads from
 waiting on each other (time slices of 4 ms show up as the cost of a call otherwise).

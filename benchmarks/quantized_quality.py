@@ -3,7 +3,7 @@ log-likelihood of a fixed English text (the sonnets the load generator ships) un
 ``--quantization gguf`` / ``int8`` / ``int4`` against the same file dequantized to float32, and
 the weight bytes each holds (the GGUF file's size beside them).
 
-    python benchmarks/quantized_quality.py [--model smollm2] [--tokens 2000]
+    python -m benchmarks.quantized_quality [--model smollm2] [--tokens 2000]
         [--modes none,gguf,int8,int4] [--threads N]
 
 The text is scored in one prompt (prompt log-probabilities, one forward pass). The last line is

@@ -14,7 +14,7 @@ On a machine whose speed drifts (a VM beside other tenants) a peak measured once
 away from the run, can be off by 15%; so the oneDNN 2048² peak is measured again right before
 and after every engine run, and each run's fraction is taken against the mean of those two.
 
-    python benchmarks/roofline.py [--backends cpu,torch] [--prompts 64]
+    python -m benchmarks.roofline [--backends cpu,torch] [--prompts 64]
 
 Last line: one JSON object.
 """
@@ -32,8 +32,7 @@ from pathlib import Path
 
 import torch
 
-# Run as a script: its own folder is on sys.path.
-from peer_model import build_peer_model
+from benchmarks.peer_model import build_peer_model
 
 
 def best_seconds(fn, repeat: int, inner: int) -> float:

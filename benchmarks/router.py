@@ -20,8 +20,8 @@ four SSE chunks. Sequential requests direct and through the router give the adde
 latency; ``--concurrency`` streams at a time give streamed requests/s through the router. On a
 small machine the client, router and backend share the cores, so these are lower bounds.
 
-    python benchmarks/router.py               # everything, one JSON line at the end
-    python benchmarks/router.py --skip-engine # overhead only (no model)
+    python -m benchmarks.router               # everything, one JSON line at the end
+    python -m benchmarks.router --skip-engine # overhead only (no model)
 """
 
 from __future__ import annotations
@@ -33,10 +33,8 @@ import multiprocessing
 import os
 import random
 import re
-import signal
-import socket
 import statistics
-import sys
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -45,6 +43,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from benchmarks.harness import PAGEDSERVE, free_port, read_address, start
+from benchmarks.harness import stop as harness_stop
+
 NUM_SYSTEMS = 8
 SSE_CHUNKS = 4
 
@@ -52,32 +53,19 @@ SSE_CHUNKS = 4
 # -- processes --------------------------------------------------------------------------------
 
 
-async def start_process(*args: str, ready: str) -> tuple[asyncio.subprocess.Process, str]:
+async def start_process(*args: str, ready: str) -> tuple[subprocess.Popen[str], str]:
     """``python -m pagedserve ARGS`` once it prints a line starting with ``ready``; returns it
     and the URL at the end of that line."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pagedserve", *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert process.stdout is not None
-    while True:
-        line = (await asyncio.wait_for(process.stdout.readline(), 300)).decode()
-        if not line:
-            raise RuntimeError(f"pagedserve {args[0]} exited early: {await process.wait()}")
-        if line.startswith(ready):
-            return process, line.rsplit(" ", 1)[1].strip()
+    process = start([*PAGEDSERVE, *args], stderr=subprocess.DEVNULL,
+                    env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return process, await asyncio.to_thread(read_address, process, 300.0, ready)
 
 
-async def stop(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), 30)
-        except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
+async def stop(process: subprocess.Popen[str]) -> None:
+    await asyncio.to_thread(harness_stop, process)
 
 
-async def start_replica(num_kv_blocks: int) -> tuple[asyncio.subprocess.Process, str]:
+async def start_replica(num_kv_blocks: int) -> tuple[subprocess.Popen[str], str]:
     return await start_process(
         "serve", "tiny", "--host", "127.0.0.1", "--port", "0", "--enable-prefix-caching",
         "--num-kv-blocks", str(num_kv_blocks), "--max-model-len", "256",
@@ -86,7 +74,7 @@ async def start_replica(num_kv_blocks: int) -> tuple[asyncio.subprocess.Process,
 
 
 async def start_router(replicas: list[str], policy: str, *extra: str,
-                       ) -> tuple[asyncio.subprocess.Process, str]:
+                       ) -> tuple[subprocess.Popen[str], str]:
     flags = [*(f"--replica={url}" for url in replicas), *extra]
     return await start_process("router", *flags, f"--policy={policy}", "--host", "127.0.0.1",
                                "--port", "0", "--health-interval", "0.5",
@@ -267,12 +255,6 @@ def serve_fake_backend(port: int) -> None:
     app.router.add_post("/v1/completions", complete)
     app.router.add_get("/health", health)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def latencies(url: str, count: int) -> list[float]:

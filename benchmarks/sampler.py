@@ -5,7 +5,7 @@ torch alone, side by side, alternating rounds, best of each.
 A served batch samples every running sequence every step; at 64 rows of an 8k vocabulary,
 top-p on torch sorts every row (about a quarter of a decode step of the peer model).
 
-    python benchmarks/sampler.py [--rows 64] [--vocab 8192] [--repeats 30] [--rounds 3]
+    python -m benchmarks.sampler [--rows 64] [--vocab 8192] [--repeats 30] [--rounds 3]
 
 The last line is JSON: milliseconds per step for each setting and path, and the ratio.
 """

@@ -4,7 +4,7 @@ the inverse-CDF draw the sampler uses, side by side, alternating, one thread.
 A served batch of unseeded requests at temperature > 0 (the OpenAI default, and what
 ``vllm bench serve`` sends) draws one Exp(1) number per vocabulary entry per row every step.
 
-    python benchmarks/sampling_noise.py [--rows 64] [--vocab 8192] [--repeats 200]
+    python -m benchmarks.sampling_noise [--rows 64] [--vocab 8192] [--repeats 200]
 
 The last line is JSON: milliseconds per step for each draw and ``speedup`` (old / new).
 """

@@ -7,7 +7,7 @@ sides generate exactly the same number of tokens (``ignore_eos``, fixed ``max_to
 Rounds alternate offline and HTTP and each side keeps its best time, so a burst of load
 from other processes on a shared machine does not decide the ratio.
 
-    python benchmarks/server_overhead.py [--quick] [--model tiny] [engine options]
+    python -m benchmarks.server_overhead [--quick] [--model tiny] [engine options]
 
 The last line is JSON: ``http_tok_s``, ``offline_tok_s`` and ``ratio`` (http / offline; the
 target is >= 0.9).
@@ -21,13 +21,13 @@ import dataclasses
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 import aiohttp
 
+from benchmarks.harness import launch_pagedserve, stop
 from pagedserve.client.sse import iter_sse
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.engine_args import EngineArgs
@@ -99,31 +99,6 @@ async def run_http(base_url: str, model: str, workload: list[Request]) -> tuple[
     return sum(counts), elapsed
 
 
-class ServerProcess:
-    """``pagedserve serve`` on a free port, stopped with SIGTERM (a graceful drain)."""
-
-    def __init__(self, engine_cli: list[str]) -> None:
-        command = [sys.executable, "-m", "pagedserve.cli.main", "serve", "--host",
-                   "127.0.0.1", "--port", "0", "--served-model-name", "bench",
-                   "--disable-access-log", *engine_cli]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        self.base_url = self._wait_for_address()
-
-    def _wait_for_address(self) -> str:
-        deadline = time.monotonic() + _SERVER_START_TIMEOUT_S
-        for line in self.process.stdout:
-            if line.startswith("pagedserve: serving on "):
-                return line.rsplit(" ", 1)[1].strip()
-            if time.monotonic() > deadline:
-                break
-        self.process.kill()
-        raise RuntimeError(f"the server did not start (exit status {self.process.poll()})")
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
-
-
 def engine_cli_args(args: EngineArgs) -> list[str]:
     """The ``serve`` flags that reproduce ``args`` (only the ones that differ from the
     defaults, so the two runs provably share one configuration)."""
@@ -161,20 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM.from_engine_args(engine_args)
     workload = make_workload(llm.get_tokenizer(), num_requests, input_len, output_len,
                              args.workload_seed)
-    server = ServerProcess(engine_cli_args(engine_args))
+    server, base_url = launch_pagedserve(
+        ["--served-model-name", "bench", "--disable-access-log", *engine_cli_args(engine_args)],
+        _SERVER_START_TIMEOUT_S)
     offline_times, http_times = [], []
     try:
         # Warm-ups keep first-call costs out; alternating rounds spread any load from other
         # processes on the machine over both sides.
         run_offline(llm, workload[:4])
-        asyncio.run(run_http(server.base_url, "bench", workload[:4]))
+        asyncio.run(run_http(base_url, "bench", workload[:4]))
         for _ in range(rounds):
             offline_tokens, seconds = run_offline(llm, workload)
             offline_times.append(seconds)
-            http_tokens, seconds = asyncio.run(run_http(server.base_url, "bench", workload))
+            http_tokens, seconds = asyncio.run(run_http(base_url, "bench", workload))
             http_times.append(seconds)
     finally:
-        server.stop()
+        stop(server, 60.0)
 
     if http_tokens != offline_tokens:
         raise RuntimeError(f"token counts differ: http {http_tokens}, offline {offline_tokens}")

@@ -37,7 +37,7 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
-from kv_sim import (
+from benchmarks.kv_sim import (
     ALPACA,
     PROMPT_VOCAB,
     SHAREGPT,
@@ -47,7 +47,6 @@ from kv_sim import (
     running_seqs,
     synthetic_prompt,
 )
-
 from pagedserve.server.engine.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.sampling_params import SamplingParams

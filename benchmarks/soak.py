@@ -16,7 +16,7 @@ first several hundred requests before it levels off (measured: +55 % by request 
 after); that bounded cache would hide a leak in the serving stack, which is what this looks
 for.
 
-    python benchmarks/soak.py [--quick] [--duration 300] [--max-requests N] [--seed 0]
+    python -m benchmarks.soak [--quick] [--duration 300] [--max-requests N] [--seed 0]
                               [--dtype float32]
 
 It prints requests by outcome, p50/p99 latency of completed requests, the RSS samples and
@@ -32,7 +32,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -41,9 +40,15 @@ from typing import Any
 
 import aiohttp
 
-# Run as a script: its own folder is on sys.path.
-from soak_mix import MODEL, RESPONSES, SoakRequest, check_plain, check_stream, make_request
-
+from benchmarks.harness import launch_pagedserve, stop
+from benchmarks.soak_mix import (
+    MODEL,
+    RESPONSES,
+    SoakRequest,
+    check_plain,
+    check_stream,
+    make_request,
+)
 from pagedserve.client.sse import iter_sse
 
 BLOCK_SIZE = 16
@@ -172,22 +177,6 @@ def slope_per_min(times: list[float], values: list[float]) -> float:
     return statistics.linear_regression(times, values).slope * 60
 
 
-def start_server(dtype: str) -> tuple[subprocess.Popen[str], str]:
-    command = [sys.executable, "-m", "pagedserve.cli.main", "serve", "--model", MODEL,
-               "--host", "127.0.0.1", "--port", "0", "--dtype", dtype, *SERVER_FLAGS]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    assert process.stdout is not None
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the server exited with status {process.wait()}")
-        if line.startswith("pagedserve: serving on "):
-            return process, line.rsplit(" ", 1)[1].strip()
-    process.kill()
-    raise RuntimeError("the server did not start in time")
-
-
 async def soak(base_url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     outcomes = Outcomes()
@@ -268,13 +257,13 @@ def main() -> int:
     if args.quick:
         args.duration = 60.0
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    process, base_url = start_server(args.dtype)
+    process, base_url = launch_pagedserve(
+        ["--model", MODEL, "--dtype", args.dtype, *SERVER_FLAGS], _START_TIMEOUT_S)
     try:
         result = asyncio.run(soak(base_url, process.pid, args))
         result["engine_deaths"] += process.poll() is not None
     finally:
-        process.terminate()
-        status = process.wait(60)
+        status = stop(process, 60.0)
     result["server_exit_status"] = status
     report(result)
     print(json.dumps(result))

@@ -11,8 +11,8 @@ CPU (default): TP=1 with ``--threads`` threads against TP=2 with ``--threads / 2
 per rank, so both use the same cores. CUDA (``--device cuda``): TP=1/2/4/8 as far as the GPUs
 go, bfloat16. Sizes can be chosen with ``--tensor-parallel-size``. Last line: one JSON object.
 
-    python benchmarks/tensor_parallel.py [--quick]
-    python benchmarks/tensor_parallel.py --device cuda --hidden-size 4096 --num-layers 8
+    python -m benchmarks.tensor_parallel [--quick]
+    python -m benchmarks.tensor_parallel --device cuda --hidden-size 4096 --num-layers 8
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ same useful tokens; throughput = useful output tokens / wall time. Same process,
 same device: ``--device cuda`` runs all three on the GPU (in ``--dtype``, bfloat16 there by
 default). Last line: one JSON object.
 
-    python benchmarks/throughput.py [--quick]
-    python benchmarks/throughput.py --device cuda --hidden-size 2048 --num-layers 16
+    python -m benchmarks.throughput [--quick]
+    python -m benchmarks.throughput --device cuda --hidden-size 2048 --num-layers 16
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ as many slots as the budget holds whole requests (at most the concurrency). One 
 exceeds the budget at its concurrency (128 x 640 tokens > 65,536 in 1 GiB), so the KV cache is
 the limit there.
 
-    python benchmarks/vs_peers.py --vllm PATH --llama-server PATH [--quick] [--rounds 3]
+    python -m benchmarks.vs_peers --vllm PATH --llama-server PATH [--quick] [--rounds 3]
 
 With ``--rounds N`` every server runs N times in turn and each cell is its median round
 (``vs_peers_report.py``).
@@ -31,22 +31,27 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-# Run as a script: its own folder is on sys.path.
-from peer_model import build_peer_model
-from vs_peers_report import SERVERS, report
+from benchmarks.harness import (
+    PAGEDSERVE,
+    free_port,
+    pagedserve_command,
+    run_client,
+    start,
+    stop,
+    wait_ready,
+)
+from benchmarks.peer_model import build_peer_model
+from benchmarks.vs_peers_report import SERVERS, report
 
 BYTES_PER_GIB = 1 << 30
-# The console script installed beside this interpreter.
-PAGEDSERVE = str(Path(sys.executable).with_name("pagedserve"))
+# Every server answers this once it serves (llama.cpp and vLLM as pagedserve does).
+READY_PATH = "/v1/models"
 
 
 @dataclass(frozen=True)
@@ -89,52 +94,17 @@ class Server:
     log: Path
 
     def start(self) -> subprocess.Popen:
-        with self.log.open("ab") as log:
-            # Run from the work directory: from this repository's root, ``import kernels``
-            # (which transformers tries) would find this project's kernels/ folder.
-            return subprocess.Popen(self.command, env={**os.environ, **self.env}, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    cwd=self.log.parent)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(base_url: str, proc: subprocess.Popen, timeout: float) -> float:
-    """Seconds until ``/v1/models`` answers 200; raises if the server exits or times out."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(base_url + "/v1/models", timeout=5) as response:
-                if response.status == 200:
-                    return time.monotonic() - start
-        except OSError:
-            pass
-        time.sleep(1.0)
-    raise RuntimeError(f"server not ready after {timeout:.0f} s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # Its log and work files beside the log; the log gathers every start of this server.
+        return start(self.command, log=self.log, append=True, env={**os.environ, **self.env},
+                     cwd=self.log.parent, new_session=True)
 
 
 def pagedserve_server(model: Path, port: int, kv_gib: float, logs: Path,
                       kv_dtype: str = "float32") -> Server:
-    command = [PAGEDSERVE, "serve", "--model", str(model),
-               "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
-               "--kv-cache-memory", str(int(kv_gib * BYTES_PER_GIB)), "--max-num-seqs", "256",
-               "--kv-cache-dtype", kv_dtype]
+    command = pagedserve_command(
+        "--model", str(model), "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+        "--kv-cache-memory", str(int(kv_gib * BYTES_PER_GIB)), "--max-num-seqs", "256",
+        "--kv-cache-dtype", kv_dtype)
     return Server("pagedserve", command, {}, logs / "pagedserve.log")
 
 
@@ -187,30 +157,17 @@ def vllm_bench(vllm: Path, base_url: str, model: Path, w: Workload, out: Path) -
                str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
                "--disable-tqdm", "--save-result", "--result-dir", str(out.parent),
                "--result-filename", out.name]
-    _run_client(command, {"VLLM_TARGET_DEVICE": "cpu"}, out)
-    raw = json.loads(out.read_text())
-    return _summary(raw, w)
+    return _summary(run_client(command, out, {"VLLM_TARGET_DEVICE": "cpu"}), w)
 
 
 def pagedserve_bench(base_url: str, model: Path, w: Workload, out: Path) -> dict:
-    command = [PAGEDSERVE, "bench", "--base-url", base_url,
+    command = [*PAGEDSERVE, "bench", "--base-url", base_url,
                "--model", str(model), "--tokenizer", "server", "--dataset-name", "random",
                "--random-input-len", str(w.input_len), "--random-output-len",
                str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
                str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
                "--disable-tqdm", "--result-json", str(out)]
-    _run_client(command, {}, out)
-    return _summary(json.loads(out.read_text()), w)
-
-
-def _run_client(command: list[str], env: dict[str, str], out: Path) -> None:
-    log = out.with_suffix(".log")
-    with log.open("wb") as sink:
-        done = subprocess.run(command, env={**os.environ, **env}, stdout=sink,
-                              stderr=subprocess.STDOUT, cwd=out.parent)
-    if done.returncode != 0 or not out.exists():
-        tail = log.read_text(errors="replace")[-1500:]
-        raise RuntimeError(f"client exited with {done.returncode}:\n{tail}")
+    return _summary(run_client(command, out), w)
 
 
 def _summary(raw: dict, w: Workload) -> dict:
@@ -244,7 +201,7 @@ def run_shared_server(server: Server, base_url: str, workloads: list[Workload],
     """One server for all workloads (pagedserve, vLLM)."""
     proc = server.start()
     try:
-        ready_s = wait_ready(base_url, proc, startup_timeout)
+        ready_s = wait_ready(base_url, proc, startup_timeout, READY_PATH)
         results = {"startup_s": ready_s}
         for w in workloads:
             results[w.name] = bench(w)
@@ -373,7 +330,7 @@ def run_llama(binary: Path, model: Path, workloads: list[Workload], kv_tokens: i
         base = f"http://127.0.0.1:{port}"
         proc = llama_server(binary, gguf, port, w, kv_tokens, work, cache_type).start()
         try:
-            results.setdefault("startup_s", wait_ready(base, proc, startup_timeout))
+            results.setdefault("startup_s", wait_ready(base, proc, startup_timeout, READY_PATH))
             results[w.name] = client(base, "llama")(w) | {"slots": llama_slots(w, kv_tokens)}
         finally:
             stop(proc)
@@ -389,7 +346,7 @@ def second_opinion(model: Path, args: argparse.Namespace, work: Path, w: Workloa
     base = f"http://127.0.0.1:{port}"
     proc = pagedserve_server(model, port, args.kv_gib, work, args.kv_cache_dtype).start()
     try:
-        wait_ready(base, proc, args.startup_timeout)
+        wait_ready(base, proc, args.startup_timeout, READY_PATH)
         result = pagedserve_bench(base, model, w, work / f"second-{w.name}.json")
     finally:
         stop(proc)

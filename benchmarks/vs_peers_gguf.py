@@ -14,7 +14,7 @@ is ``pagedserve bench`` (random prompts counted with tiktoken's cl100k_base, the
 for every server, ``--ignore-eos``, request rate inf, a max concurrency); throughput counts
 completed requests only.
 
-    python benchmarks/vs_peers_gguf.py --llama-server PATH [--gguf FILE]
+    python -m benchmarks.vs_peers_gguf --llama-server PATH [--gguf FILE]
         [--concurrency 1,8,32] [--input-len 128] [--output-len 64] [--rounds 1]
 
 Last line: JSON with each server's output tokens/s per concurrency and the ratios of
@@ -27,23 +27,18 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-# Run as a script: its own folder is on sys.path.
-from vs_peers import (
+from benchmarks.harness import (
     PAGEDSERVE,
-    Server,
-    Workload,
-    _run_client,
-    _summary,
-    find_tool,
     free_port,
-    load_average,
+    pagedserve_command,
+    run_client,
     stop,
     wait_ready,
 )
+from benchmarks.vs_peers import Server, Workload, _summary, find_tool, load_average
 
 # server → pagedserve's (--quantization, --dtype); llama_cpp is llama.cpp's server.
 PAGEDSERVE_MODES = {"pagedserve_gguf": ("gguf", "auto"),
@@ -53,7 +48,6 @@ SERVERS = (*PAGEDSERVE_MODES, "llama_cpp")
 
 
 def smollm2_file() -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from pagedserve.server.models.model_path import smollm2_path
 
     return smollm2_path()
@@ -61,9 +55,9 @@ def smollm2_file() -> Path:
 
 def pagedserve_gguf_server(model: Path, port: int, logs: Path, quantization: str,
                            dtype: str, threads: int) -> Server:
-    command = [PAGEDSERVE, "serve", "--model", str(model), "--host", "127.0.0.1", "--port",
-               str(port), "--quantization", quantization, "--dtype", dtype,
-               "--max-num-seqs", "256", "--cpu-threads", str(threads)]
+    command = pagedserve_command(
+        "--model", str(model), "--host", "127.0.0.1", "--port", str(port), "--quantization",
+        quantization, "--dtype", dtype, "--max-num-seqs", "256", "--cpu-threads", str(threads))
     return Server(f"pagedserve {quantization} {dtype}", command, {},
                   logs / f"pagedserve-{quantization}.log")
 
@@ -87,14 +81,13 @@ def bench(base_url: str, model: Path, w: Workload, out: Path,
           extra: tuple[str, ...] = ()) -> dict:
     """``pagedserve bench`` with prompts counted by tiktoken (the same for every server)."""
     out.unlink(missing_ok=True)
-    command = [PAGEDSERVE, "bench", "--base-url", base_url, "--model", str(model),
+    command = [*PAGEDSERVE, "bench", "--base-url", base_url, "--model", str(model),
                "--tokenizer", "cl100k_base", "--dataset-name", "random",
                "--random-input-len", str(w.input_len), "--random-output-len",
                str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
                str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
                "--disable-tqdm", "--result-json", str(out), *extra]
-    _run_client(command, {}, out)
-    return _summary(json.loads(out.read_text()), w)
+    return _summary(run_client(command, out), w)
 
 
 def run_once(server_name: str, model: Path, llama: Path | None, workloads: list[Workload],

@@ -3,8 +3,9 @@
 API:
 - ``write_gguf(path, checkpoint, *, qtype="F32", tokenizer="gpt2", random_blocks=False,
   metadata=None, skip=(), reshape=None) -> Path`` converts a ``tests/checkpoints.py``
-  checkpoint: tensor names through ``gguf``'s own name map, a Llama model's Q/K rows permuted
-  for llama.cpp's rope, 2-D weights quantized to ``qtype`` (``gguf.quants.quantize``) or, with
+  checkpoint: tensor names through ``gguf``'s own name map, a Llama model's Q/K rows (weights
+  and biases) permuted for llama.cpp's rope, 2-D weights quantized to ``qtype``
+  (``gguf.quants.quantize``) or, with
   ``random_blocks``, filled with random blocks of ``qtype`` (for types ``gguf`` cannot quantize
   to, such as Q4_K); ``tokenizer`` is ``"gpt2"`` (a byte-level BPE with merges and ChatML
   tokens), ``"spm"`` (a SentencePiece vocabulary with scores and byte tokens) or None.
@@ -163,7 +164,7 @@ def write_gguf(
             continue
         array = array.astype(np.float32)
         part = name.split(".")[-2]
-        if family == "llama" and part in heads and name.endswith("weight"):
+        if family == "llama" and part in heads:
             array = _forward_permute(array, heads[part])
         if gguf_name in reshaped:
             array = np.resize(array, reshaped[gguf_name])

@@ -151,6 +151,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 
 
 @pytest.mark.parametrize("module", ["pagedserve.server.sampling_params",
+                                    "pagedserve.common.errors",
                                     "pagedserve.server.errors",
                                     "pagedserve.common.load_hints",
                                     "pagedserve.common.encoding",

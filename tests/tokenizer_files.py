@@ -55,6 +55,18 @@ LLAMA2_TEMPLATE = r"""
 {%- endfor -%}
 """
 
+# Meta-Llama-3-8B-Instruct's template (its header markers and end-of-turn are special ids).
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
+    "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    "{% endif %}"
+)
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                         "<|eot_id|>")
+
 _CORPUS = """\
 PagedAttention stores the keys and values of each sequence in fixed-size blocks, so memory is
 allocated on demand and wasted only in the last block of a sequence. A block table maps the
@@ -138,6 +150,22 @@ def write_hf_tokenizer(
     _write_json(path / "tokenizer_config.json", config)
     _write_json(path / "special_tokens_map.json",
                 {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad_token": PAD})
+    return path
+
+
+def write_llama3_tokenizer(model_dir: str | Path, vocab_size: int) -> Path:
+    """The trained BPE with Llama 3's special tokens added (after ``vocab_size``), its BOS and
+    end of turn named, and its chat template; returns ``model_dir``."""
+    path = write_hf_tokenizer(model_dir, vocab_size, LLAMA3_TEMPLATE, add_bos_token=False)
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.add_special_tokens(list(LLAMA3_SPECIAL_TOKENS))
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.update(bos_token=LLAMA3_SPECIAL_TOKENS[0], eos_token=LLAMA3_SPECIAL_TOKENS[3])
+    _write_json(path / "tokenizer_config.json", config)
+    _write_json(path / "special_tokens_map.json",
+                {"bos_token": LLAMA3_SPECIAL_TOKENS[0], "eos_token": LLAMA3_SPECIAL_TOKENS[3],
+                 "unk_token": UNK, "pad_token": PAD})
     return path
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from pagedserve.cli.startup_log import startup_lines
-from pagedserve.server.api.app import create_app, make_runner, make_site
+from pagedserve.server.api.app import create_app, make_health_site, make_runner, make_site
 from pagedserve.server.api.config import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ServerConfig,
@@ -39,6 +39,7 @@ from pagedserve.server.api.shutdown import (
     wait_engine_failure,
 )
 from pagedserve.server.api.state import ENGINE_KEY
+from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
 from pagedserve.server.models.model_path import SMOLLM2_NAME
@@ -65,15 +66,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("server")
     g.add_argument("--host", default="0.0.0.0", help="address to listen on")
     g.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free)")
+    g.add_argument("--health-port", type=int, default=None,
+                   help="a second port that serves only /health and /metrics, outside the "
+                        "main port's connection caps (for orchestrators' probes and "
+                        "Prometheus); None: only the main port")
     g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="the model name(s) clients use; the first is the one responses carry; "
                         "None: the model's name")
-    g.add_argument("--api-key", default=None,
+    g.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' on every route but /health and "
-                        f"/metrics; None: ${API_KEY_ENV} if set, else no key")
+                        f"/metrics; several keys: each is a tenant of its own for the "
+                        f"per-client limits and the scheduler's fairness; None: "
+                        f"${API_KEY_ENV} if set, else no key")
     g.add_argument("--max-request-body-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="larger request bodies are refused with 413")
+    g.add_argument("--allow-special-tokens-in-content", action="store_true",
+                   help="let special-token text inside chat messages (say <|im_end|>) become "
+                        "the model's special tokens; by default it stays text, so that no "
+                        "message can end its turn and forge another")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
@@ -81,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. http://collector:4318/v1/traces); None: no tracing")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
+    g.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
+                   help="how tool calls are read from the model's text under tool_choice "
+                        "auto (hermes: <tool_call>{JSON}</tool_call>, Hermes and Qwen models)")
     add_limit_arguments(parser)
 
 
@@ -96,12 +110,21 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         served_model_names=list(args.served_model_name or []),
-        api_key=args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV),
+        api_key=_api_key(args.api_key),
         max_request_body_bytes=args.max_request_body_bytes,
         drain_timeout=args.drain_timeout,
         limits=limits_from_args(args),
+        tool_call_parser=args.tool_call_parser,
+        health_port=args.health_port,
+        allow_special_tokens_in_content=args.allow_special_tokens_in_content,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
+
+
+def _api_key(keys: list[str] | None) -> str | list[str] | None:
+    if keys is None:
+        return os.environ.get(API_KEY_ENV)
+    return keys[0] if len(keys) == 1 else keys
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,15 +170,20 @@ async def serve(config: ServerConfig, access_log: bool = True, freeze_heap: bool
     except (ValueError, PagedServeError) as exc:
         return _fail(f"cannot start the engine: {exc}")
     try:
-        site = make_site(runner, config.host, config.port)
-        try:
-            await site.start()
-        except OSError as exc:
-            return _fail(f"cannot listen on {config.host}:{config.port}: {exc}")
+        sites = [(make_site(runner, config.host, config.port), config.port)]
+        if config.health_port is not None:
+            sites.append((make_health_site(runner, config.host, config.health_port),
+                          config.health_port))
+        for site, port in sites:
+            try:
+                await site.start()
+            except OSError as exc:
+                return _fail(f"cannot listen on {config.host}:{port}: {exc}")
         if stop.is_set():
             return EXIT_OK
-        urls = [f"http://{address[0]}:{address[1]}" for address in runner.addresses]
-        for line in startup_lines(app[ENGINE_KEY].engine, config, urls):
+        urls = sites[0][0].urls
+        health_urls = [url for site, _ in sites[1:] for url in site.urls]
+        for line in startup_lines(app[ENGINE_KEY].engine, config, urls, health_urls):
             logger.info("%s", line)
         if freeze_heap:
             seconds = freeze_startup_heap()
@@ -164,6 +192,8 @@ async def serve(config: ServerConfig, access_log: bool = True, freeze_heap: bool
         for url in urls:
             # A line on stdout that launchers (and tests, with --port 0) can wait for.
             print(f"pagedserve: serving on {url}", flush=True)
+        for url in health_urls:
+            print(f"pagedserve: health and metrics on {url}", flush=True)
         if await _stopped_or_failed(app, stop):
             finished = await drain(app, config.drain_timeout)
             logger.info("drained %s", "cleanly" if finished else "after aborting stragglers")

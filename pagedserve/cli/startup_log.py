@@ -19,7 +19,8 @@ def max_concurrency(num_blocks: int, block_size: int, max_model_len: int) -> flo
     return num_blocks / math.ceil(max_model_len / block_size)
 
 
-def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str]) -> list[str]:
+def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str],
+                  health_urls: tuple[str, ...] | list[str] = ()) -> list[str]:
     kv = engine.kv_cache
     block_size = engine.cache_config.block_size
     num_tokens = kv.num_device_blocks * block_size
@@ -41,6 +42,7 @@ def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str]) -> l
         f"maximum concurrency for {engine.max_model_len:,} tokens per request: "
         f"{max_concurrency(kv.num_device_blocks, block_size, engine.max_model_len):.2f}x",
         *(f"listening on {url}" for url in urls),
+        *(f"/health and /metrics also on {url}" for url in health_urls),
     ]
 
 

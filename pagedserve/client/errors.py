@@ -1,6 +1,8 @@
 """The client's error hierarchy, shaped like openai-python's.
 
-Every error the client raises on purpose derives from ``ClientError``. HTTP status errors map
+Every error the client raises on purpose derives from ``ClientError``. ``APIError`` (OpenAI's
+error object and its status) and ``InvalidRequestError`` are the server's too
+(``pagedserve.common.errors``). HTTP status errors map
 to one class per code so callers can ``except RateLimitError`` without parsing messages; the
 server's own message (OpenAI's ``{"error": {"message": ...}}``) is kept verbatim.
 """
@@ -14,21 +16,14 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
+from pagedserve.common.errors import APIError, PagedServeError
+from pagedserve.common.errors import InvalidRequestError as InvalidRequestError  # re-exported
+
 _MAX_BODY_IN_MESSAGE = 500
 
 
-class ClientError(Exception):
-    """Base class of every error the pagedserve client raises on purpose."""
-
-
-class APIError(ClientError):
-    """A request to the server did not produce a usable answer."""
-
-    def __init__(self, message: str, *, url: str | None = None, body: Any = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.url = url
-        self.body = body
+ClientError = PagedServeError
+"""Base class of every error the pagedserve client raises on purpose (pagedserve's base)."""
 
 
 class APIConnectionError(APIError):
@@ -75,15 +70,14 @@ class APIStatusError(APIError):
         body: Any = None,
         url: str | None = None,
     ) -> None:
-        super().__init__(_status_message(status_code, message), url=url, body=body)
-        self.status_code = status_code
-        self.headers: Mapping[str, str] = CIMultiDict(headers)
         error = body.get("error") if isinstance(body, dict) else None
         error = error if isinstance(error, dict) else {}
+        super().__init__(_status_message(status_code, message), status=status_code,
+                         type=error.get("type"), param=error.get("param"),
+                         code=error.get("code"), url=url, body=body)
+        self.status_code = status_code
+        self.headers = CIMultiDict(headers)
         self.server_message = message
-        self.type: str | None = error.get("type")
-        self.param: str | None = error.get("param")
-        self.code: str | None = error.get("code")
 
 
 class BadRequestError(APIStatusError):
@@ -120,15 +114,6 @@ class RateLimitError(APIStatusError):
 
 class InternalServerError(APIStatusError):
     """Any 5xx: the server failed, is overloaded or is draining."""
-
-
-class InvalidRequestError(ClientError, ValueError):
-    """A request body the client cannot plan for (e.g. ``max_tokens`` that is not a count)."""
-
-    def __init__(self, param: str, value: object, expected: str) -> None:
-        super().__init__(f"{param} must be {expected}, got {value!r}")
-        self.param = param
-        self.value = value
 
 
 class BudgetExceededError(ClientError, ValueError):

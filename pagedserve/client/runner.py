@@ -238,7 +238,7 @@ class BatchRunner:
 
     async def _plan(self, request: BatchRequest) -> int:
         if request.body.get("stream"):
-            raise InvalidRequestError("stream", request.body["stream"], "false in a batch")
+            raise InvalidRequestError.expected("stream", request.body["stream"], "false in a batch")
         count = await self.counter.count(request.kind, request.body)
         tokens = reserved_tokens(request.kind, request.body, count, self.default_max_tokens)
         self.pool.check_fits(tokens)

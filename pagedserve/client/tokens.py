@@ -64,7 +64,7 @@ def split_prompts(prompt: object) -> list[str | list[int]]:
         isinstance(p, str) or _is_token_ids(p) for p in prompt
     ):
         return list(prompt)
-    raise InvalidRequestError(
+    raise InvalidRequestError.expected(
         "prompt", prompt, "a string, a list of token ids, or a non-empty list of either"
     )
 
@@ -72,9 +72,10 @@ def split_prompts(prompt: object) -> list[str | list[int]]:
 def _messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidRequestError("messages", messages, "a non-empty list of message objects")
+        raise InvalidRequestError.expected("messages", messages,
+                                           "a non-empty list of message objects")
     if not all(isinstance(m, Mapping) for m in messages):
-        raise InvalidRequestError("messages", messages, "a list of message objects")
+        raise InvalidRequestError.expected("messages", messages, "a list of message objects")
     return messages
 
 
@@ -89,7 +90,8 @@ def response_messages(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         messages = [{"role": m.get("role"), "content": _text_parts(m.get("content"))}
                     for m in value]
     else:
-        raise InvalidRequestError("input", value, "a string or a non-empty list of messages")
+        raise InvalidRequestError.expected("input", value,
+                                           "a string or a non-empty list of messages")
     instructions = body.get("instructions")
     if isinstance(instructions, str):
         messages.insert(0, {"role": "system", "content": instructions})
@@ -160,7 +162,7 @@ class ServerTokenCounter(TokenCounter):
     def _model(self, body: Mapping[str, Any]) -> str:
         model = body.get("model") or self.model
         if not isinstance(model, str) or not model:
-            raise InvalidRequestError("model", model, "a model name to tokenize with")
+            raise InvalidRequestError.expected("model", model, "a model name to tokenize with")
         return model
 
     async def count(self, kind: EndpointKind, body: Mapping[str, Any]) -> PromptCount:
@@ -190,7 +192,7 @@ class CallableCounter(TokenCounter):
         if inspect.isawaitable(value):
             value = await value
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise InvalidRequestError("token count", value, "a non-negative int")
+            raise InvalidRequestError.expected("token count", value, "a non-negative int")
         return PromptCount(value)
 
 
@@ -199,7 +201,7 @@ def _count_param(body: Mapping[str, Any], name: str, default: int | None) -> int
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidRequestError(name, value, "a non-negative integer")
+        raise InvalidRequestError.expected(name, value, "a non-negative integer")
     return value
 
 

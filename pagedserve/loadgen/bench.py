@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import aiohttp
 
@@ -53,7 +54,7 @@ class BenchSettings:
 
 @dataclass(slots=True)
 class BenchOutput:
-    result: dict
+    result: dict[str, Any]  # the fields --result-json writes
     outcome: RunOutcome
     metrics: BenchmarkMetrics
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -122,6 +123,9 @@ def _sampling_options(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--ignore-eos", action="store_true",
                        help="generate exactly max_tokens (a vLLM extension)")
     group.add_argument("--extra-body", help="JSON object merged into every request body")
+    group.add_argument("--response-format", metavar="json_object|SCHEMA.json",
+                       help="constrain every output: json_object, or a file holding a JSON "
+                            "schema (sent as response_format json_schema, strict)")
 
 
 def _load_options(group: argparse._ArgumentGroup) -> None:
@@ -245,7 +249,8 @@ def _request_spec(args: argparse.Namespace) -> RequestSpec:
         best_of=args.best_of, use_beam_search=args.use_beam_search,
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
         logprobs=args.logprobs, ignore_eos=args.ignore_eos,
-        extra_body=parse_json_object("--extra-body", args.extra_body),
+        extra_body={**parse_json_object("--extra-body", args.extra_body),
+                    **response_format(args.response_format)},
         headers=parse_pairs("--header", args.header, "="),
         request_timeout=args.request_timeout,
     )
@@ -285,6 +290,22 @@ def parse_pairs(option: str, items: list[str] | None, sep: str) -> dict[str, str
             raise BenchConfigError(option, item, f"KEY{sep}VALUE")
         pairs[key.strip()] = value
     return pairs
+
+
+def response_format(value: str | None) -> dict[str, Any]:
+    """The ``response_format`` member ``--response-format`` asks for ({} when not given)."""
+    if value is None:
+        return {}
+    if value == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    try:
+        text = Path(value).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise BenchConfigError("--response-format", value,
+                               f"json_object or a readable JSON schema file ({exc})") from None
+    schema = parse_json_object("--response-format", text)
+    return {"response_format": {"type": "json_schema", "json_schema": {
+        "name": Path(value).stem or "schema", "schema": schema, "strict": True}}}
 
 
 def parse_json_object(option: str, text: str | None) -> dict[str, Any]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from pagedserve.common.errors import APIError
+
 UNAVAILABLE = "service_unavailable_error"
 INVALID_REQUEST = "invalid_request_error"
 # How long a client should wait before retrying a request the router could not place.
@@ -14,7 +16,7 @@ RETRY_AFTER_S = 1
 def error_response(status: int, message: str, type_: str, code: str,
                    retry_after: bool = False,
                    headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    body = APIError(message, status=status, type=type_, code=code).error_object()
     headers = dict(headers or {})
     if retry_after:
         headers["Retry-After"] = str(RETRY_AFTER_S)

@@ -78,7 +78,8 @@ async def forward(request: web.Request, body: bytes | None, route: Route) -> web
 def forward_headers(headers: Mapping[str, str], peer: str | None) -> CIMultiDict[str]:
     out = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _HOP_BY_HOP)
     if peer:
-        out["X-Forwarded-For"] = peer
+        earlier = out.get("X-Forwarded-For")
+        out["X-Forwarded-For"] = f"{earlier}, {peer}" if earlier else peer
     return out
 
 

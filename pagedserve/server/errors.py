@@ -1,22 +1,19 @@
-"""Typed exceptions the engine raises; the API layer maps each to an OpenAI-shaped error."""
+"""Typed exceptions the engine raises; the API layer maps each to an OpenAI-shaped error.
+``InvalidRequestError`` and the base class are shared with the client (``pagedserve.common``)."""
 
 from __future__ import annotations
 
+from pagedserve.common.errors import InvalidRequestError, PagedServeError
 
-class PagedServeError(Exception):
-    """Base class of every error pagedserve raises on purpose."""
-
-
-class InvalidRequestError(PagedServeError, ValueError):
-    """A request the engine can never serve as given (bad parameter, prompt too long).
-
-    ``param`` names the offending field so the server can fill OpenAI's ``error.param``.
-    """
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
+__all__ = [
+    "BlockAllocationError",
+    "EngineDeadError",
+    "InvalidRequestError",
+    "PagedServeError",
+    "QueueFullError",
+    "RequestFailedError",
+    "WorkerFailedError",
+]
 
 
 class QueueFullError(PagedServeError):

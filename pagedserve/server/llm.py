@@ -12,6 +12,7 @@ from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.engine.outputs import RequestOutput
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
+from pagedserve.server.tokenizer.base import Tokenizer
 
 
 class TokensPrompt(TypedDict):
@@ -70,7 +71,8 @@ class LLM:
         llm._request_ids = itertools.count()
         return llm
 
-    def get_tokenizer(self):
+    def get_tokenizer(self) -> Tokenizer | None:
+        """The model's tokenizer; None when built with ``skip_tokenizer_init``."""
         return self.engine.tokenizer
 
     def generate(

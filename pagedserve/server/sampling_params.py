@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from pagedserve.server.errors import InvalidRequestError
 
@@ -20,6 +22,58 @@ class SamplingType(Enum):
 def _check(ok: bool, param: str, value: object, limit: str) -> None:
     if not ok:
         raise InvalidRequestError(f"{param} must be {limit}, got {value!r}", param=param)
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutputsParams:
+    """One constraint on a request's output, as vLLM names them: a JSON schema (``json``,
+    an object or its text), any JSON object (``json_object``), a regular expression
+    (``regex``), one of several strings (``choice``) or an EBNF grammar (``grammar``).
+
+    ``any_whitespace`` lets JSON carry any whitespace between its tokens; off by default
+    (one space after ``:`` and ``,``), since a small model that may write whitespace anywhere
+    can fill its whole budget with it. ``source`` names the request field the constraint came
+    from, so that an error can name it; it is not part of the constraint.
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    any_whitespace: bool = False
+    source: str = field(default="structured_outputs", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.choice is not None:
+            object.__setattr__(self, "choice", tuple(self.choice))
+        kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        kinds += ["json_object"] if self.json_object else []
+        if len(kinds) != 1:
+            raise InvalidRequestError(
+                f"{self.source} must set exactly one of json, regex, choice, grammar and "
+                f"json_object, got {kinds or 'none'}", param=self.source)
+        if self.choice is not None and (not self.choice or not all(
+                isinstance(c, str) and c for c in self.choice)):
+            raise InvalidRequestError(f"{self.source} choice must be a non-empty list of "
+                                      f"non-empty strings, got {list(self.choice)!r}",
+                                      param=self.source)
+
+    @property
+    def kind(self) -> str:
+        if self.json_object:
+            return "json_object"
+        return next(k for k in ("json", "regex", "choice", "grammar")
+                    if getattr(self, k) is not None)
+
+    def key(self) -> tuple[str, str, bool]:
+        """What identifies the compiled grammar (a schema's text with sorted keys)."""
+        value = getattr(self, self.kind)
+        if isinstance(value, dict):
+            value = json.dumps(value, sort_keys=True)
+        elif isinstance(value, tuple):
+            value = json.dumps(value)
+        return self.kind, str(value), self.any_whitespace
 
 
 @dataclass(slots=True)
@@ -59,6 +113,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] = field(default_factory=list)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -98,6 +153,10 @@ class SamplingParams:
                "allowed_token_ids", self.allowed_token_ids, "a non-empty list")
         for bias in self.logit_bias.values():
             _check(-100.0 <= bias <= 100.0, "logit_bias", bias, "in [-100, 100]")
+        if self.use_beam_search and self.structured_outputs is not None:
+            raise InvalidRequestError(
+                f"{self.structured_outputs.source} cannot be combined with beam search: beam "
+                "search ranks continuations the grammar would have to cut", param="use_beam_search")
         if self.use_beam_search:
             _check(self.temperature < _SAMPLING_EPS, "temperature", self.temperature,
                    "0 with beam search")

@@ -20,6 +20,7 @@ import uvloop
 from aiohttp import web
 
 from pagedserve.server.api import ServerConfig, create_app, make_runner, make_site
+from pagedserve.server.api.app import make_health_site
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.engine.engine_args import EngineArgs
 
@@ -55,6 +56,12 @@ class LiveServer:
         self.site = site
         await site.start()
         self.port = self._runner.addresses[0][1]
+        self.health_port = None
+        if self.config.health_port is not None:
+            self.health_site = make_health_site(self._runner, "127.0.0.1",
+                                                self.config.health_port)
+            await self.health_site.start()
+            self.health_port = self._runner.addresses[1][1]
 
     def call(self, fn: Callable[[], Coroutine[Any, Any, T]], timeout: float = 30.0) -> T:
         """Runs ``fn()`` on the server's loop and returns its result."""

@@ -156,27 +156,64 @@ async def test_idle_connections_are_closed(guarded_server: LiveServer) -> None:
     writer.close()
 
 
-async def test_connections_beyond_the_cap_get_503(guarded_server: LiveServer) -> None:
-    guard = guarded_server.site.guard
-    held = [await asyncio.open_connection("127.0.0.1", guarded_server.port) for _ in range(3)]
-    for _, writer in held:  # busy, not idle: each has a request whose body is still coming
+async def hold_connections(port: int, count: int, host: str = "127.0.0.1",
+                           headers: bytes = b"") -> list[asyncio.StreamWriter]:
+    """``count`` busy connections (not idle: each has a request whose body is still
+    coming), from the source address ``host``."""
+    held = []
+    for _ in range(count):
+        _, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(host, 0))
         writer.write(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                     b"\r\nContent-Length: 100\r\n\r\n{")
+                     b"\r\nContent-Length: 100\r\n" + headers + b"\r\n{")
+        held.append(writer)
+    return held
+
+
+async def release(guard: connections.ConnectionGuard, held: list[asyncio.StreamWriter]) -> None:
+    for writer in held:
+        writer.close()
+    while guard.num_open + guard.num_probes > 0:
+        await asyncio.sleep(0.01)
+
+
+def split(raw: bytes) -> tuple[bytes, Any]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return head, json.loads(body)
+
+
+async def test_connections_beyond_the_cap_get_503_but_probes(guarded_server: LiveServer) -> None:
+    guard = guarded_server.site.guard
+    held = await hold_connections(guarded_server.port, 3)
     while guard.num_open < 3:
         await asyncio.sleep(0.01)
-    raw = await raw_request(guarded_server.port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-    head, _, body = raw.partition(b"\r\n\r\n")
+    # Past the cap, /health and /metrics are still answered, each on a connection of its own.
+    head, body = split(await raw_request(guarded_server.port,
+                                         b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"\r\nConnection: close" in head
+    assert body == {"status": "ok"}
+    raw = await raw_request(guarded_server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert raw.startswith(b"HTTP/1.1 200 OK\r\n") and b"pagedserve:" in raw
+    head, body = split(await raw_request(guarded_server.port,
+                                         b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"))
     assert head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
     assert b"\r\nRetry-After: 1\r\n" in head
-    assert json.loads(body) == error(
-        "The server has 3 connections open, its limit; retry shortly.",
+    assert body == error(
+        "The server has 3 connections open, its limit; retry shortly. Only /health and "
+        "/metrics are answered on this connection.",
         code="too_many_connections", kind="service_unavailable_error")
-    for _, writer in held:
-        writer.close()
-    while guard.num_open > 0:
+    # Once the connections kept for probes are taken too, a new one is refused outright.
+    probes = await hold_connections(guarded_server.port, connections.PROBE_CONNECTIONS)
+    while guard.num_probes < connections.PROBE_CONNECTIONS:
         await asyncio.sleep(0.01)
+    head, body = split(await raw_request(guarded_server.port,
+                                         b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert b"\r\nRetry-After: 1\r\n" in head
+    assert body == error("The server has 3 connections open, its limit; retry shortly.",
+                         code="too_many_connections", kind="service_unavailable_error")
+    await release(guard, held + probes)
     async with aiohttp.ClientSession() as session, session.get(
-            guarded_server.base_url + "/health") as response:
+            guarded_server.base_url + "/v1/models") as response:
         assert response.status == 200
 
 

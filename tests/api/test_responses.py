@@ -107,9 +107,9 @@ async def post(server: LiveServer, body: dict[str, Any]) -> tuple[int, Any]:
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": "o"}]},
      "input[0].type \"function_call_output\" is not supported by this server: only messages "
      "are", "input[0]"),
-    ({"input": "x", "text": {"format": {"type": "json_object"}}},
-     "text.format.type \"json_object\" is not supported: only \"text\" is",
-     "text.format.type"),
+    ({"input": "x", "text": {"format": {"type": "grammar"}}},
+     "text.format.type \"grammar\" is not supported: use \"text\", \"json_object\" or "
+     "\"json_schema\"", "text.format.type"),
     ({"input": "x", "n": 2},
      "n is not supported by the Responses API (it has one output); use /v1/chat/completions",
      "n"),

@@ -50,10 +50,13 @@ def test_limit_flags(monkeypatch: pytest.MonkeyPatch) -> None:
         "--max-prompts-per-request", "8", "--max-completions-per-request", "16",
         "--tokenizer-threads", "3", "--timeout-keep-alive", "7.5",
         "--timeout-header-read", "2", "--max-connections", "100",
+        "--max-connections-per-client", "10", "--max-requests-per-client", "5",
+        "--max-tokens-per-request", "1000",
     ]))
     assert config.limits == ServerLimits(
         max_prompts_per_request=8, max_completions_per_request=16, tokenizer_threads=3,
-        timeout_keep_alive=7.5, timeout_header_read=2.0, max_connections=100)
+        timeout_keep_alive=7.5, timeout_header_read=2.0, max_connections=100,
+        max_connections_per_client=10, max_requests_per_client=5, max_tokens_per_request=1000)
     assert serve.config_from_args(parse([])).limits == ServerLimits()
 
 
@@ -63,6 +66,16 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     # The CLI serves the real default model; EngineArgs() (the library's) stays on "tiny".
     assert config == ServerConfig(engine_args=EngineArgs(model="smollm2"), host="0.0.0.0",
                                   port=8000)
+
+
+def test_several_api_keys_and_a_health_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(serve.API_KEY_ENV, "from-env")
+    config = serve.config_from_args(parse(["--api-key", "a", "b", "--health-port", "9001",
+                                           "--allow-special-tokens-in-content"]))
+    assert (config.api_key, config.health_port) == (["a", "b"], 9001)
+    assert config.allow_special_tokens_in_content
+    defaults = serve.config_from_args(parse([]))
+    assert (defaults.health_port, defaults.allow_special_tokens_in_content) == (None, False)
 
 
 def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,6 +90,8 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--max-request-body-bytes", "0"], "max_request_body_bytes must be at least 1, got 0"),
         (["--drain-timeout", "-1"], "drain_timeout must be non-negative, got -1.0"),
         (["--api-key", ""], "api_key must be non-empty when given"),
+        (["--api-key", "a", ""], "api_key must be non-empty when given"),
+        (["--health-port", "70000"], "health_port must be in [0, 65535], got 70000"),
         (["--max-connections", "0"], "max_connections must be positive, got 0"),
         (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1], got 1.5"),
         (["a", "--model", "b"], "two models given: 'a' and --model 'b'; give one"),

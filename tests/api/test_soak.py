@@ -1,4 +1,4 @@
-"""A short soak of a real ``pagedserve serve`` process (benchmarks/soak.py, bounded to a few
+"""A short soak of a real ``pagedserve serve`` process (``benchmarks.soak``, bounded to a few
 rounds): mixed streamed and plain requests, n 1-4, best_of, beam search, sampled and greedy,
 clients hanging up. Nothing is lost, nothing leaks, the engine never dies."""
 
@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_soak_loses_nothing_and_leaks_nothing() -> None:
     # One warm-up round (the RSS baseline) and three measured rounds of 60 requests.
     completed = subprocess.run(
-        [sys.executable, str(SCRIPT), "--max-requests", "240", "--duration", "600",
+        [sys.executable, "-m", "benchmarks.soak", "--max-requests", "240", "--duration", "600",
          "--seed", "1"],
-        capture_output=True, text=True, timeout=280, check=False,
+        capture_output=True, text=True, timeout=280, check=False, cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])

@@ -1,8 +1,6 @@
-"""Run a benchmark script as its users do (``python benchmarks/<name>.py``), and read its result.
-
-The scripts import their sibling ``kv_sim`` by name, which works because Python puts the
-script's folder on the path; in-process tests do the same through the ``import_benchmark``
-fixture (conftest.py) for the test's duration only.
+"""Run a benchmark as its users do (``python -m benchmarks.<name>`` from the repository root),
+and read its result. In-process tests import ``benchmarks.<name>`` (``import_benchmark`` in
+conftest.py).
 """
 
 from __future__ import annotations
@@ -14,14 +12,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHMARKS = ROOT / "benchmarks"
 
 
-def run_script(script: str, *args: str, timeout: float = 120.0
+def run_script(name: str, *args: str, timeout: float = 120.0
                ) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.<name> args...`` from the repository root."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), *args],
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout, check=False)
 
 

@@ -42,7 +42,7 @@ def test_prompts_differ_between_requests(kv_sim):
 
 
 def test_kv_memory_quick_run():
-    result = last_json_line(run_script("kv_memory.py", "--quick"))
+    result = last_json_line(run_script("kv_memory", "--quick"))
     assert result["num_requests"] == 200
     assert result["paged_kv_utilization"] > 0.9 > 0.5 > result["contiguous_kv_utilization"]
     assert result["contiguous_max_running"] == 8

@@ -60,7 +60,7 @@ def test_rejects_a_hidden_size_without_whole_heads(prefix_cache, capsys):
 
 
 def test_small_run_reports_ratios_hits_and_equal_outputs(prefix_cache):
-    completed = run_script("prefix_cache.py", "--num-requests", "4", *SMALL_MODEL)
+    completed = run_script("prefix_cache", "--num-requests", "4", *SMALL_MODEL)
     summary = last_json_line(completed)
     for key in RATIO_KEYS:
         assert isinstance(summary[key], float) and math.isfinite(summary[key])
@@ -78,7 +78,7 @@ def test_small_run_reports_ratios_hits_and_equal_outputs(prefix_cache):
 
 @pytest.mark.slow
 def test_quick_run():
-    summary = last_json_line(run_script("prefix_cache.py", "--quick", timeout=300))
+    summary = last_json_line(run_script("prefix_cache", "--quick", timeout=300))
     assert all(summary[key] > 0 for key in RATIO_KEYS)
     assert summary["outputs_match_5shot"] is True
     assert summary["cache_hit_rate_5shot"] > 0.8

@@ -72,7 +72,7 @@ def test_rejects_a_concentration_that_can_underflow(sharing, capsys):
 
 
 def test_workload_that_never_waits_is_an_error():
-    completed = run_script("sharing.py", "--num-requests-alpaca", "2",
+    completed = run_script("sharing", "--num-requests-alpaca", "2",
                            "--num-requests-sharegpt", "2", "--num-kv-blocks", "4096")
     assert completed.returncode == 2
     assert ("case parallel_n2_alpaca: no request ever waited for the 4096 KV blocks"
@@ -80,7 +80,7 @@ def test_workload_that_never_waits_is_an_error():
 
 
 def test_quick_run_reports_every_case():
-    completed = run_script("sharing.py", "--quick", "--num-requests-alpaca", "60",
+    completed = run_script("sharing", "--quick", "--num-requests-alpaca", "60",
                            "--num-requests-sharegpt", "12", "--num-kv-blocks", "128")
     savings = last_json_line(completed)
     assert set(savings) == CASE_NAMES
@@ -102,7 +102,7 @@ def test_quick_run_reports_every_case():
 
 @pytest.mark.slow
 def test_quick_run_as_documented():
-    savings = last_json_line(run_script("sharing.py", "--quick", timeout=300))
+    savings = last_json_line(run_script("sharing", "--quick", timeout=300))
     assert set(savings) == CASE_NAMES
     assert savings["beam_w6_alpaca"] > 0.5
     assert savings["beam_w6_sharegpt"] > 0.6

@@ -1,18 +1,16 @@
-"""What a user meets first: type information, the OpenAI SDK's environment variables, clear
-errors for a misused config, the token budget explained in help(), a progress bar with ETA."""
+"""What a user meets first: type information (the mypy check of a user script is
+tests/test_user_typing.py), the OpenAI SDK's environment variables, clear errors for a
+misused config, the token budget explained in help(), a progress bar with ETA."""
 
 from __future__ import annotations
 
 import io
 import pydoc
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import pagedserve.client
 from pagedserve.client import (
     AsyncClient,
     BatchRequest,
@@ -24,51 +22,6 @@ from pagedserve.client import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-
-USER_SCRIPT = '''
-from __future__ import annotations
-
-from pagedserve.client import AsyncClient, BatchRequest, PoolConfig, run_batch
-
-
-async def main() -> None:
-    async with AsyncClient("http://127.0.0.1:8000/v1") as client:
-        completion = await client.completions.create(model="m", prompt="hi", max_tokens=4)
-        text: str = completion.choices[0].text
-        names: list[str] = [model.id for model in await client.models.list()]
-        stream = await client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], stream=True
-        )
-        async for chunk in stream:
-            print(chunk.choices[0].delta.content, text, names)
-    request = BatchRequest("a", "chat", {"model": "m", "messages": []})
-    results, summary = await run_batch([request], PoolConfig(["http://127.0.0.1:8000"]))
-    done: int = summary.succeeded + len(results)
-    wrong: str = summary.succeeded
-    print(done, wrong)
-'''
-
-
-def test_mypy_sees_the_client_types_in_a_user_script(tmp_path):
-    # Laid out as an installed package (a sys.path entry outside the project), where mypy
-    # reads types only from a package that carries py.typed (PEP 561).
-    site = tmp_path / "site" / "pagedserve"
-    shutil.copytree(Path(pagedserve.__file__).parent, site,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    script = tmp_path / "user.py"
-    script.write_text(USER_SCRIPT)
-    done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary",
-         "--cache-dir", str(tmp_path / "cache"), script.name],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
-    )
-    # Exactly the one planted mistake: every other expression had a precise type.
-    assert done.stdout.splitlines() == [
-        "user.py:20: error: Incompatible types in assignment (expression has type \"int\", "
-        "variable has type \"str\")  [assignment]"
-    ], done.stderr
-
 
 def test_py_typed_and_the_sonnets_are_package_data():
     tomllib = pytest.importorskip("tomllib")

@@ -55,7 +55,7 @@ class Rank(threading.Thread):
                             model.dtype, "cpu", model.kernel_ops)
             runner = ModelRunner(model, cache, BLOCK_SIZE, torch.device("cpu"))
             while (message := self.inbox.get()) is not None:
-                self.outbox.put(run_step(runner, message)[1])
+                self.outbox.put(run_step(runner, message))
         except BaseException as exc:  # reported to the driver, which re-raises it
             self.outbox.put(exc)
 

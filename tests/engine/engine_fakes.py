@@ -20,11 +20,11 @@ from pagedserve.server.sampling_params import SamplingParams
 
 def make_group(request_id: str, prompt: list[int], seq_id: int, block_size: int, *,
                best_of: int = 1, beam: bool = False, cache_salt: str | None = None,
-               arrival_time: float = 0.0) -> SequenceGroup:
+               arrival_time: float = 0.0, tenant: str | None = None) -> SequenceGroup:
     params = (SamplingParams(n=best_of, temperature=0.0, use_beam_search=True) if beam
               else SamplingParams(n=best_of))
     return SequenceGroup(request_id, [Sequence(seq_id, prompt, block_size)], params,
-                         arrival_time, cache_salt=cache_salt)
+                         arrival_time, cache_salt=cache_salt, tenant=tenant)
 
 
 def next_token(seq: Sequence, index: int = 0) -> int:

@@ -95,7 +95,7 @@ class EngineCoreMachine(RuleBasedStateMachine):
         if self.contiguous:
             blocks = cdiv(MAX_MODEL_LEN, size) * best_of
         capacity = manager.device_pool.num_blocks - manager.watermark_blocks
-        return (prompt_len > MAX_MODEL_LEN or best_of > config.max_num_seqs
+        return (prompt_len >= MAX_MODEL_LEN or best_of > config.max_num_seqs
                 or best_of > config.max_num_batched_tokens or blocks > capacity)
 
     @rule(num_steps=st.integers(1, 3))

@@ -55,6 +55,8 @@ def finish_step(scheduler: Scheduler, out: SchedulerOutput, token: int = 50) -> 
     """Applies the step as the engine does, every draw sampling ``token + its index``."""
     starts = prepare_model_input(out, BS, "cpu").query_start_loc if out.scheduled else [0]
     plan = SamplingPlan.of(out, starts)
+    # The engine plans before packing: its default starts must be the packing's.
+    assert SamplingPlan.of(out).logit_rows() == plan.logit_rows()
     tokens = [SampledToken(d, token + d.index, -1.0, None) for d in plan.draws]
     scheduler.update_from_output(out, SampledBatch(tokens=tokens))
     scheduler.check_integrity()

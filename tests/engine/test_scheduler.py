@@ -165,7 +165,9 @@ def test_prompt_longer_than_max_model_len_is_rejected() -> None:
     with pytest.raises(InvalidRequestError) as info:
         add(scheduler, "a", 9)
     assert info.value.param == "prompt"
-    assert info.value.message == "the prompt has 9 tokens, more than max_model_len (8)"
+    assert info.value.message == (
+        "This model's maximum context length is 8 tokens. However, the prompt has 9 tokens, "
+        "which leaves no room for a completion. Please reduce the prompt.")
     assert scheduler.num_waiting == 0
 
 

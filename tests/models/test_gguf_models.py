@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from pagedserve.server.llm import LLM
+from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.source import load_config
 from pagedserve.server.sampling_params import SamplingParams
@@ -60,13 +62,53 @@ def test_config_equals_the_checkpoints(files) -> None:
         assert ours.eos_token_ids == (2,)
 
 
-def test_float32_weights_equal_the_checkpoints_after_the_rope_permutation(files) -> None:
+def test_rope_scaling_from_the_metadata(files, tmp_path: Path) -> None:
+    checkpoint, _ = files["llama-f32"]
+    linear = write_gguf(tmp_path / "linear.gguf", checkpoint, metadata={
+        "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0})
+    assert load_config(linear).rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    yarn = write_gguf(tmp_path / "yarn.gguf", checkpoint, metadata={
+        "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0})
+    with pytest.raises(ModelLoadError) as info:
+        load_config(yarn)
+    assert str(info.value) == (
+        "GGUF rope scaling 'yarn' (factor 4.0) is not supported; supported: linear with a "
+        "factor")
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_float32_weights_equal_the_checkpoints_after_the_rope_permutation(
+        files, tmp_path: Path, biases: bool) -> None:
     checkpoint, gguf_file = files["llama-f32"]
+    if biases:  # Llama with projection biases: llama.cpp permutes the Q/K biases too
+        checkpoint = make_checkpoint(tmp_path / "ckpt", "llama", attention_bias=True,
+                                     mlp_bias=True)
+        gguf_file = write_gguf(tmp_path / "bias.gguf", checkpoint)
     from_gguf, _ = load_model(gguf_file, dtype="float32")
     from_checkpoint, _ = load_model(checkpoint, dtype="float32")
     reference = from_checkpoint.state_dict()
     for name, value in from_gguf.state_dict().items():
         assert torch.equal(value, reference[name]), name
+
+
+def test_raw_blocks_reorder_as_the_dequantized_rows(files) -> None:
+    """The hook a quantized loader takes: raw Q8_0 rows, in the file's order, reordered by
+    ``row_order`` before dequantizing give the same weight as the dequantized tensor."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from pagedserve.common.gguf_file import open_gguf
+    from pagedserve.server.models.gguf_weights import gguf_tensors
+
+    _, gguf_file = files["llama-q8_0-tied"]
+    tensors = {t.name: t for t in gguf_tensors(open_gguf(gguf_file), load_config(gguf_file))}
+    q = tensors["model.layers.0.self_attn.q_proj.weight"]
+    assert (q.gguf_name, q.tensor_type, q.shape) == (
+        "blk.0.attn_q.weight", GGMLQuantizationType.Q8_0, (64, 64))
+    assert q.data.dtype == np.uint8 and q.row_order is not None
+    raw_rows = q.data[q.row_order.numpy()]
+    assert torch.equal(torch.from_numpy(dequantize(raw_rows, q.tensor_type)), q.dequantize())
+    assert tensors["model.layers.0.self_attn.v_proj.weight"].row_order is None
 
 
 def _transformers_greedy(gguf_file: Path, prompts: torch.Tensor) -> list[list[int]]:

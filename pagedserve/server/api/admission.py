@@ -1,19 +1,25 @@
-"""Who gets in: the API-key check and the drain gate, and a count of what is in flight.
+"""Who gets in: the API-key check, the drain gate, each client's share of requests in
+flight, and a count of what is in flight.
 
 ``/health`` and ``/metrics`` stay open (load balancers and Prometheus hold no key, and both
-must see a draining server). Everything else needs the bearer token when a key is set and
-gets 503 once the server is draining; the requests already admitted run on, and the
-in-flight count tells the shutdown when they are done.
+must see a draining server); they are all that a probe-only connection (one past the
+connection cap, or on the health port) may ask for. Everything else needs a bearer token when
+keys are set, gets 503 once the server is draining, and 429 when its source address or its
+key already has ``max_requests_per_client`` in flight; the requests already admitted run on,
+and the in-flight count tells the shutdown when they are done.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
 
+from pagedserve.server.api.client_limits import ClientCounter, over_client_share
 from pagedserve.server.api.errors import (
     INVALID_REQUEST,
     APIError,
@@ -22,16 +28,25 @@ from pagedserve.server.api.errors import (
 )
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
+# The request's tenant (``key:N`` for the N-th API key, else ``addr:`` and its source
+# address), which the engine schedules fairly against the others.
+TENANT = web.RequestKey("tenant", str)
 
 
 def _unauthorized(message: str) -> APIError:
-    return APIError(401, message, INVALID_REQUEST, code="invalid_api_key",
+    return APIError(message, status=401, type=INVALID_REQUEST, code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"})
 
 
 class Admission:
-    def __init__(self, api_key: str | None) -> None:
-        self._api_key = api_key.encode() if api_key is not None else None
+    def __init__(self, api_key: str | list[str] | None, max_requests_per_client: int) -> None:
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+        self._api_keys = [key.encode() for key in keys]
+        self.per_address = ClientCounter(max_requests_per_client)
+        self.per_key = ClientCounter(max_requests_per_client)
+        # Connections that may ask only for OPEN_PATHS, each with the error for anything else
+        # (filled by the connection guards).
+        self.probe_only: dict[Any, Callable[[], APIError]] = {}
         self.draining = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -52,19 +67,41 @@ class Admission:
         return admission_middleware
 
     async def _admit(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        refusal = self.probe_only.get(request.transport)
+        if refusal is not None:
+            return await _serve_probe(request, handler, refusal)
         if request.path in OPEN_PATHS:
             return await handler(request)
-        self._check_api_key(request)
+        key = self._check_api_key(request)
         if self.draining:
             raise shutting_down()
-        self._in_flight += 1
-        self._idle.clear()
+        address = request.remote or ""
+        request[TENANT] = f"key:{key}" if key is not None else f"addr:{address}"
+        with self._client_share(address, key):
+            self._in_flight += 1
+            self._idle.clear()
+            try:
+                return await handler(request)
+            finally:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.set()
+
+    @contextlib.contextmanager
+    def _client_share(self, address: str, key: int | None) -> Iterator[None]:
+        if not self.per_address.try_acquire(address):
+            raise over_client_share("requests in flight", f"from {address or 'this client'}",
+                                    self.per_address.limit, "--max-requests-per-client")
+        if key is not None and not self.per_key.try_acquire(str(key)):
+            self.per_address.release(address)
+            raise over_client_share("requests in flight", "with this API key",
+                                    self.per_key.limit, "--max-requests-per-client")
         try:
-            return await handler(request)
+            yield
         finally:
-            self._in_flight -= 1
-            if self._in_flight == 0:
-                self._idle.set()
+            self.per_address.release(address)
+            if key is not None:
+                self.per_key.release(str(key))
 
     async def wait_idle(self, timeout: float) -> bool:
         """True once nothing admitted is in flight; False if ``timeout`` seconds pass first."""
@@ -74,9 +111,10 @@ class Admission:
             return False
         return True
 
-    def _check_api_key(self, request: web.Request) -> None:
-        if self._api_key is None:
-            return
+    def _check_api_key(self, request: web.Request) -> int | None:
+        """The index of the key the request presents; None when no keys are set."""
+        if not self._api_keys:
+            return None
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise _unauthorized(
@@ -88,5 +126,25 @@ class Admission:
         except UnicodeEncodeError:  # bytes that are not UTF-8 (aiohttp keeps them escaped)
             raise invalid_request("The Authorization header must be valid UTF-8.",
                                   param=None) from None
-        if not hmac.compare_digest(presented, self._api_key):
+        # Every key is compared, so the time taken does not tell which one nearly matched.
+        matches = [hmac.compare_digest(presented, key) for key in self._api_keys]
+        if not any(matches):
             raise _unauthorized("Incorrect API key provided.")
+        return matches.index(True)
+
+
+async def _serve_probe(request: web.Request, handler: Any,
+                       refusal: Callable[[], APIError]) -> web.StreamResponse:
+    """A probe connection's request: its answer closes the connection, which frees the slot
+    for the next probe."""
+    if request.path not in OPEN_PATHS:
+        error = refusal()
+        error.close_connection = True
+        raise error
+    try:
+        response = await handler(request)
+    except APIError as exc:  # /health's 503 while draining or after an engine failure
+        exc.close_connection = True
+        raise
+    response.force_close()
+    return response

@@ -13,10 +13,15 @@ from aiohttp import web
 from pagedserve.server.api import routes_info
 from pagedserve.server.api.admission import Admission
 from pagedserve.server.api.config import ServerConfig
-from pagedserve.server.api.connections import GuardedTCPSite, expect_continue
+from pagedserve.server.api.connections import (
+    ConnectionGuard,
+    GuardedTCPSite,
+    expect_continue,
+)
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
+from pagedserve.server.api.server_log import ServerLog
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion
 from pagedserve.server.api.serving_responses import create_response
@@ -28,6 +33,7 @@ from pagedserve.server.api.state import (
     ENGINE_KEY,
     METRICS_KEY,
     MODEL_NAMES_KEY,
+    SERVER_LOG_KEY,
     STARTED_KEY,
     TOKENIZER_POOL_KEY,
     TRACING_KEY,
@@ -43,7 +49,7 @@ _SHUTDOWN_TIMEOUT_S = 5.0
 def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> web.Application:
     """A ready-to-run application; the engine loads when the app starts up. ``tracing``
     (else one for ``config.otlp_traces_endpoint``, if set) traces generation requests."""
-    admission = Admission(config.api_key)
+    admission = Admission(config.api_key, config.limits.max_requests_per_client)
     if tracing is None and config.otlp_traces_endpoint:
         from pagedserve.server.api.tracing import ServerTracing
 
@@ -60,6 +66,7 @@ def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> we
     app[MODEL_NAMES_KEY] = names
     app[ADMISSION_KEY] = admission
     app[BATCHES_KEY] = set()
+    app[SERVER_LOG_KEY] = ServerLog()
     app[METRICS_KEY] = ServerMetrics(names[0], lambda: app.get(ENGINE_KEY))
     app.cleanup_ctx.append(_tokenizer_pool_context)
     app.cleanup_ctx.append(_engine_context)
@@ -75,12 +82,26 @@ def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     disconnects cancels its handler, which is what aborts a non-streaming generation."""
     kwargs.setdefault("shutdown_timeout", _SHUTDOWN_TIMEOUT_S)
     kwargs.setdefault("keepalive_timeout", app[CONFIG_KEY].limits.timeout_keep_alive)
+    kwargs.setdefault("logger", app[SERVER_LOG_KEY])
     return web.AppRunner(app, handler_cancellation=True, **kwargs)
 
 
 def make_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
-    """The TCP site every launcher must use: it caps connections and header-read time."""
-    return GuardedTCPSite(runner, host, port, runner.app[CONFIG_KEY].limits)
+    """The TCP site every launcher must use: it caps connections (in all and per client) and
+    header-read time."""
+    return GuardedTCPSite(runner, host, port, _guard(runner))
+
+
+def make_health_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
+    """A second site that answers only /health and /metrics (``--health-port``), with its own
+    few connections, so that orchestrators' probes never queue behind clients."""
+    return GuardedTCPSite(runner, host, port, _guard(runner, max_connections=0))
+
+
+def _guard(runner: web.AppRunner, max_connections: int | None = None) -> ConnectionGuard:
+    assert runner.server is not None, "set the runner up first"
+    return ConnectionGuard(runner.server, runner.app[CONFIG_KEY].limits,
+                           runner.app[ADMISSION_KEY].probe_only, max_connections)
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.engine_args import EngineArgs
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
@@ -17,6 +18,7 @@ class ServerConfigError(ValueError):
 class ServerLimits:
     """``max_prompts_per_request``: prompts in one completions request.
     ``max_completions_per_request``: prompts × best_of (which is n unless set) in one request.
+    ``max_tokens_per_request``: prompt tokens in one request, all its prompts together.
     ``tokenizer_threads``: the pool that tokenizes large inputs and ``/tokenize`` off the
     event loop, so /health and streams keep answering meanwhile.
     ``timeout_keep_alive``: seconds an idle connection stays open (also the bound on how long
@@ -25,14 +27,20 @@ class ServerLimits:
     ``timeout_header_read``: seconds a new connection gets to deliver its first request's
     headers (a client that trickles them is cut off).
     ``max_connections``: open connections; beyond it a new one gets 503 and is closed.
+    ``max_connections_per_client``: open connections from one source address (more: 429).
+    ``max_requests_per_client``: requests in flight from one source address, and with one
+    API key when keys are set (more: 429).
     """
 
     max_prompts_per_request: int = 1024
     max_completions_per_request: int = 1024
+    max_tokens_per_request: int = 262144
     tokenizer_threads: int = 2
     timeout_keep_alive: float = 5.0
     timeout_header_read: float = 10.0
     max_connections: int = 2048
+    max_connections_per_client: int = 1024
+    max_requests_per_client: int = 1024
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -46,21 +54,31 @@ class ServerConfig:
     """What ``create_app`` needs besides the engine arguments.
 
     ``served_model_names`` are the names clients may put in ``model``; the first one is the
-    name responses carry. Empty means the engine's model name.
+    name responses carry. Empty means the engine's model name. ``api_key``: one key or
+    several (each its own tenant for the per-client limits). ``health_port``: a second port
+    that serves only ``/health`` and ``/metrics``, outside the main port's connection cap.
+    ``allow_special_tokens_in_content``: let special-token text in chat messages become
+    special ids (by default it stays text, so no message can forge a turn).
     """
 
     engine_args: EngineArgs = field(default_factory=EngineArgs)
     host: str = "0.0.0.0"
     port: int = 8000
     served_model_names: list[str] = field(default_factory=list)
-    api_key: str | None = None
+    api_key: str | list[str] | None = None
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     drain_timeout: float = 30.0
     limits: ServerLimits = field(default_factory=ServerLimits)
+    tool_call_parser: str = "hermes"
+    health_port: int | None = None
+    allow_special_tokens_in_content: bool = False
     # OpenTelemetry traces go to this OTLP/HTTP endpoint; None: no tracing.
     otlp_traces_endpoint: str | None = None
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser not in TOOL_PARSERS:
+            raise ServerConfigError(f"tool_call_parser must be one of "
+                                    f"{', '.join(TOOL_PARSERS)}, got {self.tool_call_parser!r}")
         if not 0 <= self.port <= 65535:
             raise ServerConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.max_request_body_bytes < 1:
@@ -71,8 +89,11 @@ class ServerConfig:
             raise ServerConfigError(
                 f"drain_timeout must be non-negative, got {self.drain_timeout}"
             )
-        if self.api_key == "":
+        if self.api_key == "" or (isinstance(self.api_key, list)
+                                  and (not self.api_key or "" in self.api_key)):
             raise ServerConfigError("api_key must be non-empty when given")
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            raise ServerConfigError(f"health_port must be in [0, 65535], got {self.health_port}")
         if any(not name for name in self.served_model_names):
             raise ServerConfigError(
                 f"served model names must be non-empty, got {self.served_model_names!r}"

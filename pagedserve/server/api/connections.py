@@ -2,9 +2,10 @@
 connection's request headers, and the ``Expect: 100-continue`` answer.
 
 aiohttp's own protocol (one ``RequestHandler`` per connection) does the HTTP; the guard wraps
-its factory. Past ``max_connections`` a new connection is not handed to aiohttp: it gets a
-503 in OpenAI's shape and is closed, so idle clients can never use up the process's file
-descriptors and lock everyone out. Idle keep-alive connections are closed by aiohttp after
+its factory. Past ``max_connections`` a new connection is not handed to aiohttp (but for a few
+kept for health probes): it gets a 503 in OpenAI's shape and is closed, so idle clients can
+never use up the process's file descriptors and lock everyone out; past its share of them one
+source address gets 429. Idle keep-alive connections are closed by aiohttp after
 ``timeout_keep_alive`` (passed to the runner).
 """
 
@@ -14,18 +15,28 @@ import asyncio
 import logging
 import resource
 from collections.abc import Callable
+from http import HTTPStatus
 
 import orjson
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
+from pagedserve.server.api.client_limits import ClientCounter, over_client_share, peer_host
 from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.api.errors import UNAVAILABLE, APIError, body_too_large
+from pagedserve.server.api.errors import (
+    INVALID_REQUEST,
+    UNAVAILABLE,
+    APIError,
+    body_too_large,
+    error_response,
+)
 
 _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.
 _REFUSAL_WAIT_S = 1.0
 _RETRY_AFTER_S = 1
+# Connections past the cap that may still ask for /health or /metrics (and nothing else).
+PROBE_CONNECTIONS = 32
 # Descriptors the process needs besides its connections: model files, logs, the listener.
 _SPARE_DESCRIPTORS = 128
 
@@ -33,32 +44,124 @@ logger = logging.getLogger(__name__)
 
 
 class ConnectionGuard:
-    """A protocol factory for ``loop.create_server`` around aiohttp's."""
+    """A protocol factory for ``loop.create_server`` around aiohttp's.
 
-    def __init__(self, factory: Callable[[], asyncio.Protocol], limits: ServerLimits) -> None:
+    Each connection is let in, let in for probes only, or refused once its source address is
+    known (``connection_made``): past ``max_connections_per_client`` from one address it gets
+    429; past ``max_connections`` it may still take one of ``probe_connections`` reserved for
+    ``/health`` and ``/metrics`` (so that a full server still answers its probes), else 503.
+    With ``max_connections`` 0 every connection is a probe's (the ``--health-port`` site).
+    ``probe_only`` maps the transports of probe connections to the error they get for any
+    other path, for the admission gate."""
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol], limits: ServerLimits,
+                 probe_only: dict[asyncio.BaseTransport, Callable[[], APIError]],
+                 max_connections: int | None = None,
+                 probe_connections: int = PROBE_CONNECTIONS) -> None:
         self._factory = factory
         self.limits = limits
+        self.max_connections = (limits.max_connections if max_connections is None
+                                else max_connections)
+        self.probe_connections = probe_connections
+        self.probe_only = probe_only
+        self.per_client = ClientCounter(limits.max_connections_per_client)
         self.num_open = 0
+        self.num_probes = 0
         self.num_refused = 0
 
     def __call__(self) -> asyncio.Protocol:
-        if self.num_open >= self.limits.max_connections:
-            self.num_refused += 1
-            return _Refusal(self.limits.max_connections)
-        self.num_open += 1
-        return _Guarded(self._factory(), self)
+        return _Gate(self)
 
-    def closed(self) -> None:
-        self.num_open -= 1
+    def admit(self, transport: asyncio.BaseTransport) -> asyncio.Protocol:
+        """The protocol that serves (or refuses) a connection just made."""
+        client = peer_host(transport)
+        if self.max_connections and not self.per_client.try_acquire(client):
+            self.num_refused += 1
+            return _Refusal(over_client_share(
+                "connections", f"open from {client or 'this client'}",
+                self.per_client.limit, "--max-connections-per-client"))
+        if self.num_open < self.max_connections:
+            self.num_open += 1
+            return _Guarded(self._factory(), self, client, probe=False)
+        if self.num_probes < self.probe_connections:
+            self.num_probes += 1
+            self.probe_only[transport] = (
+                self._not_a_probe if self.max_connections else not_on_health_port)
+            return _Guarded(self._factory(), self, client, probe=True)
+        if self.max_connections:
+            self.per_client.release(client)
+        self.num_refused += 1
+        return _Refusal(too_many_connections(self.max_connections))
+
+    def closed(self, transport: asyncio.BaseTransport, client: str, probe: bool) -> None:
+        if probe:
+            self.num_probes -= 1
+            self.probe_only.pop(transport, None)
+        else:
+            self.num_open -= 1
+        if self.max_connections:
+            self.per_client.release(client)
+
+
+    def _not_a_probe(self) -> APIError:
+        error = too_many_connections(self.max_connections)
+        error.message += " Only /health and /metrics are answered on this connection."
+        return error
+
+
+def not_on_health_port() -> APIError:
+    return APIError("Only /health and /metrics are served on the health port.", status=404,
+                    type=INVALID_REQUEST, code="unknown_url")
+
+
+def too_many_connections(limit: int) -> APIError:
+    return APIError(f"The server has {limit} connections open, its limit; retry shortly.",
+                    status=503, type=UNAVAILABLE, code="too_many_connections",
+                    headers={"Retry-After": str(_RETRY_AFTER_S)})
+
+
+class _Gate(asyncio.Protocol):
+    """Stands for a connection until it is made; from then on its chosen protocol does."""
+
+    def __init__(self, guard: ConnectionGuard) -> None:
+        self._guard = guard
+        self._chosen: asyncio.Protocol | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._chosen = self._guard.admit(transport)
+        self._chosen.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        assert self._chosen is not None
+        self._chosen.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        assert self._chosen is not None
+        return self._chosen.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._chosen is not None:
+            self._chosen.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._chosen is not None:
+            self._chosen.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._chosen is not None:
+            self._chosen.resume_writing()
 
 
 class _Guarded(asyncio.Protocol):
     """Passes everything to aiohttp's protocol; closes a connection whose first request head
     has not arrived within ``timeout_header_read``."""
 
-    def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard) -> None:
+    def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard, client: str,
+                 probe: bool) -> None:
         self._inner = inner
         self._guard = guard
+        self._client = client
+        self._probe = probe
         self._transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._tail = b""
@@ -85,7 +188,8 @@ class _Guarded(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
-        self._guard.closed()
+        if self._transport is not None:
+            self._guard.closed(self._transport, self._client, self._probe)
         self._inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -96,10 +200,10 @@ class _Guarded(asyncio.Protocol):
 
 
 class _Refusal(asyncio.Protocol):
-    """Waits (briefly) for the request head, answers 503 and closes."""
+    """Waits (briefly) for the request head, answers ``error`` and closes."""
 
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
+    def __init__(self, error: APIError) -> None:
+        self._error = error
         self._transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._seen = b""
@@ -113,6 +217,9 @@ class _Refusal(asyncio.Protocol):
         if _HEAD_END in self._seen:
             self._answer()
 
+    def eof_received(self) -> bool | None:
+        return None
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -124,12 +231,12 @@ class _Refusal(asyncio.Protocol):
             self._timer = None
         if self._transport is None or self._transport.is_closing():
             return
-        error = APIError(503, f"The server has {self._limit} connections open, its limit; "
-                              "retry shortly.", UNAVAILABLE, code="too_many_connections")
-        body = orjson.dumps(error.body())
-        head = (f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\nRetry-After: {_RETRY_AFTER_S}\r\n"
-                f"Connection: close\r\n\r\n")
+        error = self._error
+        body = orjson.dumps(error.error_object())
+        headers = "".join(f"{name}: {value}\r\n" for name, value in error.headers.items())
+        head = (f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"{headers}Connection: close\r\n\r\n")
         self._transport.write(head.encode() + body)
         self._transport.close()
 
@@ -140,20 +247,25 @@ class GuardedTCPSite(web.BaseSite):
     __slots__ = ("_host", "_port", "guard")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int,
-                 limits: ServerLimits) -> None:
+                 guard: ConnectionGuard) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
-        assert runner.server is not None
-        self.guard = ConnectionGuard(runner.server, limits)
+        self.guard = guard
 
     @property
     def name(self) -> str:
         return f"http://{self._host}:{self._port}"
 
+    @property
+    def urls(self) -> list[str]:
+        """Where the site listens, once started (the real port when 0 was asked for)."""
+        sockets = self._server.sockets if self._server is not None else ()
+        return [f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}" for sock in sockets]
+
     async def start(self) -> None:
         await super().start()
-        ensure_descriptors(self.guard.limits.max_connections)
+        ensure_descriptors(self.guard.max_connections + self.guard.probe_connections)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self.guard, self._host, self._port,
                                                 backlog=self._backlog, reuse_address=True)
@@ -187,11 +299,11 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
         return None
     expect = request.headers.get("Expect", "")
     if expect.lower() != "100-continue":
-        return APIError(417, f"Unknown Expect header value {expect!r}.",
-                        code="expectation_failed").to_response()
+        return error_response(APIError(f"Unknown Expect header value {expect!r}.", status=417,
+                                       type=INVALID_REQUEST, code="expectation_failed"))
     size, limit = request.content_length, request.client_max_size
     if size is not None and size > limit:
-        response = body_too_large(size, limit).to_response()
+        response = error_response(body_too_large(size, limit))
         # The body is not wanted: close the connection once answered instead of lingering
         # to read (and discard) a body the client may send anyway.
         request.content.feed_eof()

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from pagedserve.common.errors import APIError
 from pagedserve.server.errors import (
     EngineDeadError,
     InvalidRequestError,
@@ -30,59 +31,28 @@ SERVER_ERROR = "server_error"
 UNAVAILABLE = "service_unavailable_error"
 
 
-class APIError(Exception):
-    """An error the server reports to the client with ``status`` and OpenAI's error body."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = INVALID_REQUEST,
-        param: str | None = None,
-        code: str | int | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-        # Set when the connection's remaining bytes cannot be parsed (a broken body).
-        self.close_connection = False
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    def to_response(self) -> web.Response:
-        response = web.Response(
-            status=self.status,
-            body=orjson.dumps(self.body()),
-            content_type="application/json",
-            headers=self.headers,
-        )
-        if self.close_connection:
-            response.force_close()
-        return response
+def error_response(error: APIError) -> web.Response:
+    """``error`` as the HTTP response the client gets."""
+    response = web.Response(
+        status=error.status or 500,
+        body=orjson.dumps(error.error_object()),
+        content_type="application/json",
+        headers=error.headers,
+    )
+    if error.close_connection:
+        response.force_close()
+    return response
 
 
 def invalid_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, INVALID_REQUEST, param=param)
+    return APIError(message, status=400, type=INVALID_REQUEST, param=param)
 
 
 def model_not_found(model: str) -> APIError:
     return APIError(
-        404,
         f"The model `{model}` does not exist.",
-        INVALID_REQUEST,
+        status=404,
+        type=INVALID_REQUEST,
         param="model",
         code="model_not_found",
     )
@@ -94,19 +64,30 @@ DRAIN_RETRY_AFTER_S = 1
 
 
 def shutting_down() -> APIError:
-    return APIError(503, "The server is shutting down.", UNAVAILABLE, code="server_draining",
-                    headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
+    return APIError("The server is shutting down.", status=503, type=UNAVAILABLE,
+                    code="server_draining", headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
 
 
 def engine_unavailable(detail: str) -> APIError:
-    return APIError(503, f"The engine is not running: {detail}", UNAVAILABLE,
+    return APIError(f"The engine is not running: {detail}", status=503, type=UNAVAILABLE,
                     code="engine_dead")
 
 
-def body_too_large(size: int | None, limit: int) -> APIError:
-    sent = f"{size} bytes" if size is not None else "a body"
-    return APIError(413, f"Request body too large: {sent} sent, the limit is {limit} bytes.",
-                    INVALID_REQUEST, code="request_too_large")
+def body_too_large(size: int | None, limit: int, encoding: str | None = None) -> APIError:
+    """413 that names what was measured: the bytes announced (Content-Length), or for a body
+    without one (chunked) that the bytes read passed the limit; the limit holds for the body
+    once decoded from its ``encoding``, which the message says."""
+    if encoding is not None and encoding.lower() != "identity":
+        sent = f"{size} bytes sent" if size is not None else "a chunked body sent"
+        message = (f"Request body too large: {sent} with Content-Encoding {encoding!r} "
+                   f"decompressed to more than {limit} bytes, the limit (which holds for "
+                   f"the decompressed body).")
+    elif size is not None:
+        message = f"Request body too large: {size} bytes sent, the limit is {limit} bytes."
+    else:
+        message = (f"Request body too large: a chunked body sent passed {limit} bytes, the "
+                   f"limit, before its end.")
+    return APIError(message, status=413, type=INVALID_REQUEST, code="request_too_large")
 
 
 def from_exception(exc: BaseException, request: web.Request) -> APIError:
@@ -117,32 +98,35 @@ def from_exception(exc: BaseException, request: web.Request) -> APIError:
         return invalid_request(exc.message, exc.param)
     if isinstance(exc, QueueFullError):
         retry_after = max(1, math.ceil(exc.retry_after))
-        return APIError(429, exc.message, RATE_LIMIT, code="queue_full",
+        return APIError(exc.message, status=429, type=RATE_LIMIT, code="queue_full",
                         headers={"Retry-After": str(retry_after)})
     if isinstance(exc, EngineDeadError):
         return engine_unavailable(str(exc))
     if isinstance(exc, RequestFailedError):  # this request only: the engine goes on
-        return APIError(500, "The server had an error while processing the output of this "
-                        "request, and ended it.", SERVER_ERROR, code="request_failed")
+        return APIError("The server had an error while processing the output of this "
+                        "request, and ended it.", status=500, type=SERVER_ERROR,
+                        code="request_failed")
     if isinstance(exc, web.HTTPException):
         return _from_http_exception(exc, request)
     logger.exception("unhandled error in %s %s", request.method, request.path)
-    return APIError(500, "The server had an error while processing the request.", SERVER_ERROR)
+    return APIError("The server had an error while processing the request.", status=500,
+                    type=SERVER_ERROR)
 
 
 def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIError:
     headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
     if exc.status == 404:
         message = f"Invalid URL ({request.method} {request.path})"
-        return APIError(404, message, INVALID_REQUEST, code="unknown_url")
+        return APIError(message, status=404, type=INVALID_REQUEST, code="unknown_url")
     if exc.status == 405:
         message = f"Method {request.method} is not allowed for {request.path}"
-        return APIError(405, message, INVALID_REQUEST, code="method_not_allowed",
+        return APIError(message, status=405, type=INVALID_REQUEST, code="method_not_allowed",
                         headers=headers)
     if exc.status == 413:
-        return body_too_large(request.content_length, request.client_max_size)
+        return body_too_large(request.content_length, request.client_max_size,
+                              request.headers.get("Content-Encoding"))
     error_type = INVALID_REQUEST if exc.status < 500 else SERVER_ERROR
-    return APIError(exc.status, exc.reason, error_type, headers=headers)
+    return APIError(exc.reason, status=exc.status, type=error_type, headers=headers)
 
 
 @web.middleware
@@ -152,4 +136,4 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client is gone: there is no one to answer
     except Exception as exc:
-        return from_exception(exc, request).to_response()
+        return error_response(from_exception(exc, request))

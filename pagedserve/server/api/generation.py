@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.engine.outputs import RequestOutput
@@ -29,8 +29,9 @@ _Item = tuple[int, RequestOutput | BaseException]
 class GenerationBatch:
     def __init__(self, engine: AsyncEngine, active: set[GenerationBatch],
                  metrics: ServerMetrics, tracing: ServerTracing | None = None,
-                 model: str = "") -> None:
+                 model: str = "", tenant: str | None = None) -> None:
         self._engine = engine
+        self._tenant = tenant
         self._active = active
         self._metrics = metrics
         self._tracing = tracing
@@ -50,9 +51,11 @@ class GenerationBatch:
         self._abort_unfinished()
 
     def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            prompt: str | None) -> None:
-        """Submits one engine request; raises the engine's errors at once."""
-        stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt)
+            prompt: str | None, grammar: Any = None) -> None:
+        """Submits one engine request; raises the engine's errors at once. ``grammar``:
+        ``params.structured_outputs`` compiled (``AsyncEngine.compile_grammar``)."""
+        stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt,
+                                          tenant=self._tenant, grammar=grammar)
         self._streams.append(stream)
         self._params.append(params)
         self._unfinished.add(request_id)

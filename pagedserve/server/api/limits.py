@@ -29,6 +29,15 @@ def check_prompts(limits: ServerLimits, num_prompts: int, best_of: int) -> None:
             param="n")
 
 
+def check_prompt_tokens(limits: ServerLimits, num_tokens: int, param: str) -> None:
+    """Raises a 400 for a request whose prompts hold more tokens in all than the limit: one
+    request must not be able to hold the engine for minutes."""
+    if num_tokens > limits.max_tokens_per_request:
+        raise invalid_request(
+            f"the request's prompts have {num_tokens} tokens in all, more than the limit of "
+            f"{limits.max_tokens_per_request} (--max-tokens-per-request)", param=param)
+
+
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     d = ServerLimits()
     g = parser.add_argument_group("limits per request and per connection")
@@ -37,6 +46,8 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-completions-per-request", type=int,
                    default=d.max_completions_per_request,
                    help="prompts × n (or best_of) in one request (more: 400)")
+    g.add_argument("--max-tokens-per-request", type=int, default=d.max_tokens_per_request,
+                   help="prompt tokens in one request, all its prompts together (more: 400)")
     g.add_argument("--tokenizer-threads", type=int, default=d.tokenizer_threads,
                    help="threads that tokenize large inputs and /tokenize off the event loop")
     g.add_argument("--timeout-keep-alive", type=float, default=d.timeout_keep_alive,
@@ -44,7 +55,14 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout-header-read", type=float, default=d.timeout_header_read,
                    help="seconds a new connection gets to send its request headers")
     g.add_argument("--max-connections", type=int, default=d.max_connections,
-                   help="open connections; more are answered 503 and closed")
+                   help="open connections; more are answered 503 and closed (a few more "
+                        "are kept for /health and /metrics)")
+    g.add_argument("--max-connections-per-client", type=int,
+                   default=d.max_connections_per_client,
+                   help="open connections from one source address; more are answered 429")
+    g.add_argument("--max-requests-per-client", type=int, default=d.max_requests_per_client,
+                   help="requests in flight from one source address, and with one API key; "
+                        "more are answered 429")
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pagedserve.server.api.protocol_completions import read_stream_options
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
 from pagedserve.server.api.protocol_prompt import PromptEncoding, read_prompt_encoding
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
+from pagedserve.server.api.protocol_tools import ToolRequest, read_tools, template_messages
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import MAX_LOGPROBS
 
-# OpenAI fields for tools, audio and structured output: a clear 400 rather than a silent
-# answer that ignores them.
+# OpenAI fields for tools, audio and other outputs: a clear 400 rather than a silent answer
+# that ignores them.
 _UNSUPPORTED = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "audio",
@@ -32,7 +31,6 @@ _IGNORED = (
     "metadata",
     "store",
     "service_tier",
-    "parallel_tool_calls",
     "prompt_cache_key",
     "safety_identifier",
 )
@@ -100,6 +98,7 @@ class ChatCompletionRequest:
     rendering: ChatRendering
     encoding: PromptEncoding
     sampling: dict[str, Any]
+    tools: ToolRequest | None = None
 
 
 def parse_chat_request(body: Any) -> ChatCompletionRequest:
@@ -132,12 +131,31 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
         encoding=read_prompt_encoding(fields, add_special_tokens=False),
         sampling=read_sampling_fields(fields),
     )
-    _read_response_format(fields)
+    _read_tools(fields, request)
     _read_modalities(fields)
     fields.reject(*_UNSUPPORTED)
     fields.ignore(*_IGNORED)
     fields.finish()
     return request
+
+
+def _read_tools(fields: Fields, request: ChatCompletionRequest) -> None:
+    """Tools reach the template; a required or named choice becomes the output's grammar."""
+    tools = read_tools(fields)
+    if tools is None:
+        return
+    request.tools = tools
+    request.messages = template_messages(request.messages)
+    request.rendering = replace(request.rendering,
+                                variables={**request.rendering.variables, "tools": tools.tools})
+    constraint = tools.constraint()
+    if constraint is None:
+        return
+    other = request.sampling.get("structured_outputs")
+    if other is not None:
+        raise InvalidRequestError(f"tool_choice {show(tools.choice)} and {other.source} both "
+                                  "constrain the output: send one", param="tool_choice")
+    request.sampling["structured_outputs"] = constraint
 
 
 def read_messages(value: Any) -> list[Any]:
@@ -148,19 +166,6 @@ def read_messages(value: Any) -> list[Any]:
     if not isinstance(value, list) or not value:
         raise type_error("messages", "a non-empty list of messages", value)
     return value
-
-
-def _read_response_format(fields: Fields) -> None:
-    response_format = fields.object("response_format")
-    if response_format is None:
-        return
-    kind = response_format.string("type", required=True)
-    if kind != "text":
-        raise InvalidRequestError(
-            f"response_format.type {show(kind)} is not supported: only \"text\" is",
-            param="response_format.type",
-        )
-    response_format.finish()
 
 
 def _read_modalities(fields: Fields) -> None:

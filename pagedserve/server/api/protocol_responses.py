@@ -4,18 +4,21 @@ read and type-checked, with its input turned into chat messages for the model's 
 ``input`` is a string (one user message) or a list of messages, each a ``role`` and a
 ``content`` that is a string or a list of ``input_text`` / ``output_text`` parts;
 ``instructions`` becomes a leading system message, as in vLLM. Nothing is stored, so
-``previous_response_id`` and the other features that need stored state, tools, non-text
-inputs and structured output are refused by name.
+``previous_response_id`` and the other features that need stored state, tools and non-text
+inputs are refused by name. ``text.format`` constrains the output (a JSON schema, or any
+JSON object) as chat's ``response_format`` does.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
+from pagedserve.server.api.protocol_structured import read_json_schema
 from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.sampling_params import StructuredOutputsParams
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text")
@@ -38,10 +41,13 @@ class ResponsesRequest:
     request_id: str | None  # vLLM's: the response's id (X-Request-Id wins)
     metadata: dict[str, Any]
     sampling: dict[str, Any]
+    text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
     fields = Fields(body)
+    text = body.get("text") if isinstance(body, dict) else None
+    echoed_format = text.get("format") if isinstance(text, dict) else None
     model = fields.string("model", required=True)
     instructions = fields.string("instructions")
     messages = read_input(fields.raw("input"))
@@ -55,14 +61,21 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         stream=fields.boolean("stream", False),
         request_id=fields.string("request_id"),
         metadata=_read_metadata(fields.raw("metadata")),
-        sampling=read_sampling_fields(fields),
+        sampling=read_sampling_fields(fields, response_format=False),
     )
+    text_format = _read_text(fields.object("text"))
+    if text_format is not None:
+        if request.sampling.get("structured_outputs") is not None:
+            raise InvalidRequestError(
+                f"text.format and {request.sampling['structured_outputs'].source} both "
+                "constrain the output: send one", param="text.format")
+        request.sampling["structured_outputs"] = text_format
+        request.text_format = echoed_format  # the Response object repeats it
     for name in _SINGLE_OUTPUT:
         if name in request.sampling:
             raise InvalidRequestError(f"{name} is not supported by the Responses API (it has "
                                       "one output); use /v1/chat/completions", param=name)
     _read_tools(fields)
-    _read_text(fields.object("text"))
     _refuse_unless(fields, "reasoning", lambda v: v == {}, "is not supported by this model")
     _refuse_unless(fields, "include", lambda v: v == [], "is not supported by this server")
     _refuse_unless(fields, "truncation", lambda v: v == "disabled",
@@ -139,18 +152,29 @@ def _read_tools(fields: Fields) -> None:
                                   "has no tools", param="tool_choice")
 
 
-def _read_text(text: Fields | None) -> None:
+def _read_text(text: Fields | None) -> StructuredOutputsParams | None:
+    """``text.format``: text, any JSON object, or OpenAI's flat ``json_schema`` format
+    (``name``, ``schema``, ``strict`` beside ``type``)."""
     if text is None:
-        return
+        return None
     text_format = text.object("format")
+    spec = None
     if text_format is not None:
         kind = text_format.string("type", required=True)
-        if kind != "text":
-            raise InvalidRequestError(f"text.format.type {show(kind)} is not supported: only "
-                                      "\"text\" is", param="text.format.type")
-        text_format.finish()
+        if kind == "json_object":
+            spec = StructuredOutputsParams(json_object=True, source="text.format")
+            text_format.finish()
+        elif kind == "json_schema":
+            spec = read_json_schema(text_format, "text.format")
+        elif kind == "text":
+            text_format.finish()
+        else:
+            raise InvalidRequestError(f"text.format.type {show(kind)} is not supported: use "
+                                      "\"text\", \"json_object\" or \"json_schema\"",
+                                      param="text.format.type")
     text.ignore("verbosity")
     text.finish()
+    return spec
 
 
 def _refuse_unless(fields: Fields, name: str, accepted, reason: str) -> None:

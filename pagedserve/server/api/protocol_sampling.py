@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, is_number, show, type_error
+from pagedserve.server.api.protocol_structured import read_structured_outputs
 from pagedserve.server.errors import InvalidRequestError
 
 _FLOATS = (
@@ -32,8 +33,9 @@ _BOOLS = (
 MAX_SEED = 2**63 - 1
 
 
-def read_sampling_fields(fields: Fields) -> dict[str, Any]:
-    """``SamplingParams`` keyword arguments for the sampling members present in the body."""
+def read_sampling_fields(fields: Fields, *, response_format: bool = True) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments for the sampling members present in the body;
+    ``response_format`` is read unless the endpoint names its format otherwise."""
     kwargs: dict[str, Any] = {}
     for name in _FLOATS:
         kwargs[name] = fields.number(name)
@@ -48,6 +50,8 @@ def read_sampling_fields(fields: Fields) -> dict[str, Any]:
     kwargs["allowed_token_ids"] = fields.integers("allowed_token_ids")
     kwargs["bad_words"] = fields.strings("bad_words")
     kwargs["logit_bias"] = read_logit_bias(fields.raw("logit_bias"))
+    kwargs["structured_outputs"] = read_structured_outputs(fields,
+                                                           response_format=response_format)
     # vLLM's detokenizer for fast tokenizers has no use for this one either.
     fields.boolean("spaces_between_special_tokens", True)
     _read_priority(fields)

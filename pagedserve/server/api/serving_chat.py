@@ -10,6 +10,7 @@ from aiohttp import web
 from pagedserve.server.api.errors import invalid_request
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
+from pagedserve.server.api.limits import check_prompt_tokens
 from pagedserve.server.api.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagedserve.server.api.protocol_chat import (
     ChatCompletionRequest,
@@ -28,6 +29,8 @@ from pagedserve.server.api.serving_common import (
     usage,
 )
 from pagedserve.server.api.sse import stream_events
+from pagedserve.server.api.state import CONFIG_KEY
+from pagedserve.server.api.tool_parsers import NamedCall, ToolParser, ToolStream
 from pagedserve.server.engine.outputs import PositionLogprobs
 from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.chat_template import content_text
@@ -39,14 +42,14 @@ ROLE = "assistant"
 
 def encode_chat(serving: Serving, messages: list[Any], rendering: ChatRendering,
                 add_special_tokens: bool = False) -> tuple[str, list[int]]:
-    """The prompt text and ids of a conversation (shared with ``/tokenize``)."""
-    tokenizer = serving.tokenizer
-    text = tokenizer.apply_chat_template(
+    """The prompt text and ids of a conversation (shared with ``/tokenize``): special-token
+    text in the messages stays text unless the server allows it."""
+    # By default no BOS of our own: the template writes its own special tokens.
+    return serving.tokenizer.encode_chat(
         messages, add_generation_prompt=rendering.add_generation_prompt,
         continue_final_message=rendering.continue_final_message,
-        variables=rendering.variables)
-    # By default no BOS of our own: the template writes its own special tokens.
-    return text, tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        variables=rendering.variables, add_special_tokens=add_special_tokens,
+        allow_special_tokens_in_content=serving.app[CONFIG_KEY].allow_special_tokens_in_content)
 
 
 async def create_chat_completion(request: web.Request) -> web.StreamResponse:
@@ -77,24 +80,26 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
+    check_prompt_tokens(serving.limits, len(token_ids), "messages")
+    grammar = await serving.engine.compile_grammar(params)
     request_id = new_request_id("chatcmpl")
     view = _ChatView(serving, req, params, response_id(request, "chatcmpl-", req.request_id))
     async with serving.batch() as batch:
-        batch.add(request_id, token_ids, params, text)
+        batch.add(request_id, token_ids, params, text, grammar=grammar)
         if req.stream:
             await batch.admitted()
             return await stream_events(request, view.stream(batch))
         (final,) = await batch.final_outputs()
-    choices = [
-        {
+    choices = []
+    for o in sorted(final.outputs, key=lambda o: o.index):
+        message, finish_reason = view.message(o.text, o.finish_reason)
+        choices.append({
             "index": o.index,
-            "message": {"role": ROLE, "content": view.echoed + o.text},
+            "message": message,
             "logprobs": view.logprobs(o.token_ids, new_logprobs(o, 0)),
-            "finish_reason": o.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": o.stop_reason,
-        }
-        for o in sorted(final.outputs, key=lambda o: o.index)
-    ]
+        })
     body = {**view.envelope(OBJECT), "choices": choices, "usage": usage([final])}
     if params.prompt_logprobs is not None:
         # vLLM's place for them: the response, since every choice shares the prompt.
@@ -112,6 +117,28 @@ class _ChatView:
         self.request_id = request_id
         self.created = now_seconds()
         self.echoed = _echoed(req)
+        self.tool_parser = None if req.tools is None else req.tools.parser(
+            serving.tool_parser())
+
+    def message(self, text: str, finish_reason: str | None
+                ) -> tuple[dict[str, Any], str | None]:
+        """The reply's message (its tool calls read out of the text when the request has
+        tools) and its finish reason."""
+        if self.tool_parser is None:
+            return {"role": ROLE, "content": self.echoed + text}, finish_reason
+        content, calls = self.tool_parser.extract(text)
+        message = {"role": ROLE, "content": self.echoed + content if content is not None
+                   else self.echoed or None}
+        if calls:
+            message["tool_calls"] = [call.to_openai() for call in calls]
+        return message, self._finish_reason(finish_reason, bool(calls))
+
+    def _finish_reason(self, finish_reason: str | None, called: bool) -> str | None:
+        # As vLLM reports it: a call the model chose to make (auto, required) ends with
+        # "tool_calls"; a call to the function the request named ends as any reply does.
+        if called and finish_reason == "stop" and not isinstance(self.tool_parser, NamedCall):
+            return "tool_calls"
+        return finish_reason
 
     def envelope(self, kind: str) -> dict[str, Any]:
         return self.serving.envelope(self.request_id, self.created, kind)
@@ -128,11 +155,16 @@ class _ChatView:
         if self.req.include_usage:
             envelope["usage"] = None
         tracker = StreamTracker(self.params.n)
+        tools = _StreamedCalls(self.tool_parser)
         async for i, output in batch.outputs():
             chunks = []
             for d in tracker.deltas(i, output):
-                text = self.echoed + d.text if d.first else d.text
-                delta = {"content": text} if d.token_ids or text else {}
+                text, calls = tools.feed(d.index, d.text, d.finish_reason is not None)
+                text = self.echoed + text if d.first else text
+                delta = {"content": text} if ((d.token_ids and self.tool_parser is None)
+                                              or text) else {}
+                if calls:
+                    delta["tool_calls"] = calls
                 if d.first:
                     # The role rides on the choice's first token, as vLLM sends it: a chunk
                     # with choices before any token would read as the first token to clients
@@ -140,7 +172,8 @@ class _ChatView:
                     delta = {"role": ROLE, **delta}
                 choice = {"index": d.index, "delta": delta,
                           "logprobs": self.logprobs(d.token_ids, d.logprobs),
-                          "finish_reason": d.finish_reason}
+                          "finish_reason": self._finish_reason(d.finish_reason,
+                                                               tools.called(d.index))}
                 if d.finish_reason is not None:
                     choice["stop_reason"] = d.stop_reason
                 chunk = {**envelope, "choices": [choice]}
@@ -150,6 +183,31 @@ class _ChatView:
             yield chunks
         if self.req.include_usage:
             yield [{**envelope, "choices": [], "usage": tracker.usage()}]
+
+
+class _StreamedCalls:
+    """Each choice's tool calls as its text streams: the content to send now, and the
+    calls completed so far as OpenAI's ``tool_calls`` deltas (numbered per choice)."""
+
+    def __init__(self, parser: ToolParser | None) -> None:
+        self._parser = parser
+        self._streams: dict[int, ToolStream] = {}
+        self._counts: dict[int, int] = {}
+
+    def feed(self, index: int, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
+        if self._parser is None:
+            return text, []
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = self._parser.stream()
+        content, calls = stream.feed(text, final)
+        first = self._counts.get(index, 0)
+        self._counts[index] = first + len(calls)
+        return content, [{"index": first + k, **call.to_openai()}
+                         for k, call in enumerate(calls)]
+
+    def called(self, index: int) -> bool:
+        return self._counts.get(index, 0) > 0
 
 
 def _echoed(req: ChatCompletionRequest) -> str:

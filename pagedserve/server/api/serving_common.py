@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
+from pagedserve.server.api.admission import TENANT
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import invalid_request, model_not_found
 from pagedserve.server.api.generation import GenerationBatch
@@ -25,6 +26,7 @@ from pagedserve.server.api.state import (
     MODEL_NAMES_KEY,
     TRACING_KEY,
 )
+from pagedserve.server.api.tool_parsers import TOOL_PARSERS, ToolParser
 from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 
@@ -59,11 +61,12 @@ class Serving:
     engine: AsyncEngine
     model_names: list[str]
     app: web.Application
+    tenant: str | None = None  # whose request: the scheduler is fair between tenants
 
     @classmethod
     def of(cls, request: web.Request) -> Serving:
         app = request.app
-        return cls(app[ENGINE_KEY], app[MODEL_NAMES_KEY], app)
+        return cls(app[ENGINE_KEY], app[MODEL_NAMES_KEY], app, request.get(TENANT))
 
     @property
     def model_name(self) -> str:
@@ -92,9 +95,13 @@ class Serving:
         tokenizer pool for a large one, so the event loop keeps answering meanwhile."""
         return await off_loop(request, request.content_length, work)
 
+    def tool_parser(self) -> ToolParser:
+        """The parser ``--tool-call-parser`` names, for ``tool_choice: "auto"``."""
+        return TOOL_PARSERS[self.app[CONFIG_KEY].tool_call_parser]()
+
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY],
-                               self.app.get(TRACING_KEY), self.model_name)
+                               self.app.get(TRACING_KEY), self.model_name, self.tenant)
 
     def envelope(self, request_id: str, created: int, kind: str) -> dict[str, Any]:
         """The fields every response object starts with."""

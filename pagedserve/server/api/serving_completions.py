@@ -9,7 +9,7 @@ from aiohttp import web
 
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
-from pagedserve.server.api.limits import check_prompts
+from pagedserve.server.api.limits import check_prompt_tokens, check_prompts
 from pagedserve.server.api.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from pagedserve.server.api.protocol_completions import (
     CompletionRequest,
@@ -60,13 +60,15 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     if req.stream:
         reject_unstreamable(params)
     prompts = await serving.tokenization(request, lambda: _prompts(serving, req, params))
+    check_prompt_tokens(serving.limits, sum(len(p.token_ids) for p in prompts), "prompt")
+    grammar = await serving.engine.compile_grammar(params)  # one for every prompt
     request_id = new_request_id("cmpl")
     view = _CompletionView(serving, req, params, prompts,
                            response_id(request, "cmpl-", req.request_id))
     async with serving.batch() as batch:
         for i, prompt in enumerate(prompts):
-            batch.add(f"{request_id}-{i}", prompt.token_ids, params,
-                      prompt.text)
+            batch.add(f"{request_id}-{i}", prompt.token_ids, params, prompt.text,
+                      grammar=grammar)
         if req.stream:
             await batch.admitted()
             return await stream_events(request, view.stream(batch))

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from pagedserve.server.api.generation import GenerationBatch
 from pagedserve.server.api.jsonio import json_response, read_request
+from pagedserve.server.api.limits import check_prompt_tokens
 from pagedserve.server.api.protocol_chat import ChatRendering
 from pagedserve.server.api.protocol_responses import ResponsesRequest, parse_responses_request
 from pagedserve.server.api.serving_chat import encode_chat
@@ -49,9 +50,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return text, token_ids
 
     text, token_ids = await serving.tokenization(request, encode_and_check)
+    check_prompt_tokens(serving.limits, len(token_ids), "input")
+    grammar = await serving.engine.compile_grammar(params)
     view = _ResponseView(serving, req, params, response_id(request, "resp_", req.request_id))
     async with serving.batch() as batch:
-        batch.add(new_request_id("resp"), token_ids, params, text)
+        batch.add(new_request_id("resp"), token_ids, params, text, grammar=grammar)
         if req.stream:
             await batch.admitted()
             return await stream_typed_events(request, view.stream(batch))
@@ -90,7 +93,7 @@ class _ResponseView:
             "reasoning": {"effort": None, "summary": None},
             "store": False,
             "temperature": self.params.temperature,
-            "text": {"format": {"type": "text"}},
+            "text": {"format": self.req.text_format},
             "tool_choice": "auto",
             "tools": [],
             "top_p": self.params.top_p,

@@ -44,11 +44,11 @@ async def stream_typed_events(request: web.Request,
 
 
 def _error_chunk(exc: Exception, request: web.Request) -> dict[str, Any]:
-    return from_exception(exc, request).body()
+    return from_exception(exc, request).error_object()
 
 
 def _error_event(exc: Exception, request: web.Request) -> dict[str, Any]:
-    error = from_exception(exc, request).body()["error"]
+    error = from_exception(exc, request).error_object()["error"]
     return {"type": "error", "code": error.get("code"), "message": error["message"],
             "param": error.get("param")}
 

@@ -10,6 +10,7 @@ from aiohttp import web
 from pagedserve.server.api.admission import Admission
 from pagedserve.server.api.config import ServerConfig
 from pagedserve.server.api.metrics import ServerMetrics
+from pagedserve.server.api.server_log import ServerLog
 
 if TYPE_CHECKING:
     from pagedserve.server.api.generation import GenerationBatch
@@ -30,3 +31,5 @@ ADMISSION_KEY = web.AppKey("admission", Admission)
 BATCHES_KEY: web.AppKey[set[GenerationBatch]] = web.AppKey("batches")
 # The threads that tokenize large inputs off the event loop.
 TOKENIZER_POOL_KEY = web.AppKey("tokenizer_pool", ThreadPoolExecutor)
+# What aiohttp's connection handlers log to (requests the HTTP parser rejects, rate-limited).
+SERVER_LOG_KEY = web.AppKey("server_log", ServerLog)

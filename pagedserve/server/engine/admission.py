@@ -1,4 +1,6 @@
-"""Whether a request can ever run under the scheduler's limits and the device pool."""
+"""Whether a request can ever run: within the model's context, under the scheduler's limits
+and in the device pool. The engine checks a request's context length here before the
+scheduler sees it; the scheduler checks the whole when the request is added."""
 
 from __future__ import annotations
 
@@ -8,17 +10,31 @@ from pagedserve.server.engine.sequence import SequenceGroup
 from pagedserve.server.errors import InvalidRequestError
 
 
+def check_context_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """Raise InvalidRequestError unless the prompt holds a token and leaves room for
+    ``max_tokens`` more (at least one) within ``max_model_len``."""
+    if num_prompt_tokens == 0:
+        raise InvalidRequestError("the prompt must contain at least 1 token", param="prompt")
+    if num_prompt_tokens >= max_model_len:
+        # The prompt alone leaves no room: blame it, not a max_tokens the client may never
+        # have sent (the default fills in at least 1).
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, the "
+            f"prompt has {num_prompt_tokens} tokens, which leaves no room for a completion. "
+            f"Please reduce the prompt.", param="prompt")
+    if num_prompt_tokens + max_tokens > max_model_len:
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the "
+            f"prompt, {max_tokens} for the completion). Please reduce the prompt or "
+            f"max_tokens.", param="max_tokens")
+
+
 def check_admissible(seq_group: SequenceGroup, config: SchedulerConfig,
                      block_manager: BlockManager) -> None:
     """Raise InvalidRequestError (naming the value and the limit) for a request that could
     wait forever: a queue that admits it would never be able to run it."""
-    num_tokens = len(seq_group.prompt_token_ids)
-    if num_tokens == 0:
-        raise InvalidRequestError("the prompt must contain at least 1 token", param="prompt")
-    if num_tokens > config.max_model_len:
-        raise InvalidRequestError(
-            f"the prompt has {num_tokens} tokens, more than max_model_len "
-            f"({config.max_model_len})", param="prompt")
+    check_context_length(len(seq_group.prompt_token_ids), 0, config.max_model_len)
     width = seq_group.max_num_running_seqs()
     params = seq_group.sampling_params
     # Name the field the client set: best_of when it widens the request, else n.

@@ -9,19 +9,21 @@ GIL inside its ops, so the event loop keeps serving while the model computes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
 
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
-from pagedserve.server.engine.llm_engine import LLMEngine
+from pagedserve.server.engine.llm_engine import LLMEngine, PreparedRequest
 from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.errors import EngineDeadError
+from pagedserve.server.errors import EngineDeadError, InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -121,6 +123,10 @@ class AsyncEngine:
         self._stats = engine.stats(with_projection=True)
         self._num_steps = 0
         self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
+        # Grammars compile here, never in the step loop; a compilation past its timeout
+        # cannot be stopped, so few threads bound what runaway ones can take.
+        self._grammar_pool = ThreadPoolExecutor(max_workers=2,
+                                                thread_name_prefix="pagedserve-grammar")
 
     @classmethod
     async def launch(cls, args: EngineArgs) -> AsyncEngine:
@@ -182,6 +188,7 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
         await asyncio.to_thread(self.engine.shutdown)
+        self._grammar_pool.shutdown(wait=False, cancel_futures=True)
         self._fail_all(EngineDeadError("the engine has shut down"))
 
     @property
@@ -206,23 +213,41 @@ class AsyncEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raises InvalidRequestError for a request the engine can never serve; changes
         nothing and may run in any thread (the server checks large prompts off its loop)."""
-        if params.max_tokens is None:
-            params = dataclasses.replace(
-                params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
         self.engine.check_request(prompt_token_ids, params)
+
+    async def compile_grammar(self, params: SamplingParams) -> Any:
+        """The compiled grammar of ``params.structured_outputs`` (None without one), compiled
+        off the event loop and the step loop; InvalidRequestError for an invalid constraint
+        or one that takes longer than ``grammar_compile_timeout`` to compile."""
+        spec = params.structured_outputs
+        if spec is None:
+            return None
+        timeout = self.engine_args.grammar_compile_timeout
+        work = asyncio.get_running_loop().run_in_executor(
+            self._grammar_pool, self.engine.compile_grammar, spec)
+        try:
+            return await asyncio.wait_for(work, timeout)
+        except TimeoutError:
+            raise InvalidRequestError(
+                f"{spec.source} took longer than {timeout:g} s to compile; simplify it "
+                "(the server's --grammar-compile-timeout)", param=spec.source) from None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
-                    cache_salt: str | None = None) -> RequestStream:
+                    cache_salt: str | None = None, tenant: str | None = None,
+                    grammar: Any = None) -> RequestStream:
         """Validates at once (InvalidRequestError, QueueFullError, EngineDeadError) and
-        returns the request's stream; the loop thread admits it before its next step."""
+        returns the request's stream; the loop thread admits it before its next step.
+        ``tenant`` names whose request it is, for the scheduler's fairness between them;
+        ``grammar`` is ``params.structured_outputs`` compiled (``compile_grammar``)."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
-        self.engine.check_request(prompt_token_ids, params)
+        request = replace(self.engine.prepare_request(prompt_token_ids, params),
+                          grammar=grammar)
         self.engine.scheduler.check_queue_room(num_arriving=self._inbox.qsize())
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream
-        self._inbox.put(("add", request_id, list(prompt_token_ids), params, prompt, cache_salt,
+        self._inbox.put(("add", request_id, request, prompt, cache_salt, tenant,
                          time.monotonic()))
         self._wakeup.set()
         return stream
@@ -277,14 +302,14 @@ class AsyncEngine:
                     self._streams.pop(message[1], None)  # already finished
                 self._stats = self.engine.stats(with_projection=True)
 
-    def _admit(self, request_id: str, token_ids: list[int], params: SamplingParams,
-               prompt: str | None, cache_salt: str | None, arrival: float) -> None:
+    def _admit(self, request_id: str, request: PreparedRequest, prompt: str | None,
+               cache_salt: str | None, tenant: str | None, arrival: float) -> None:
         stream = self._streams.get(request_id)
         if stream is None:
             return  # aborted before admission
         try:
-            self.engine.add_request(request_id, token_ids, params, prompt=prompt,
-                                    arrival_time=arrival, cache_salt=cache_salt)
+            self.engine.add_prepared(request_id, request, prompt=prompt, arrival_time=arrival,
+                                     cache_salt=cache_salt, tenant=tenant)
         except Exception as exc:  # rejected by the scheduler: the caller gets the error
             self._send(request_id, exc)
             return

@@ -49,6 +49,8 @@ class EngineArgs:
     max_waiting_requests: int | None = None
     tensor_parallel_size: int = 1
     distributed_timeout: float = 120.0
+    grammar_cache_size: int = 256
+    grammar_compile_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -63,6 +65,12 @@ class EngineArgs:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
                              f"{self.quantization!r}")
+        if self.grammar_cache_size < 1:
+            raise ValueError(f"grammar_cache_size must be at least 1, got "
+                             f"{self.grammar_cache_size!r}")
+        if not self.grammar_compile_timeout > 0:
+            raise ValueError(f"grammar_compile_timeout must be positive (seconds), got "
+                             f"{self.grammar_compile_timeout!r}")
         if not self.distributed_timeout > 0:
             raise ValueError(f"distributed_timeout must be positive (seconds), got "
                              f"{self.distributed_timeout!r}")
@@ -179,6 +187,12 @@ class EngineArgs:
         g.add_argument("--distributed-timeout", type=float, default=120.0,
                        help="seconds a tensor-parallel step may wait for a rank before the "
                             "engine declares it hung and stops")
+        g.add_argument("--grammar-cache-size", type=int, default=256,
+                       help="structured output: compiled grammars kept (least recently used "
+                            "dropped first)")
+        g.add_argument("--grammar-compile-timeout", type=float, default=10.0,
+                       help="structured output: seconds a request's schema, regex or grammar "
+                            "may take to compile before the request is refused (HTTP 400)")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:

@@ -102,8 +102,9 @@ def _profile_batch(lens: list[int], scheduler_config: SchedulerConfig, block_siz
                    num_blocks: int) -> SchedulerOutput:
     """The scheduler's first step over prompts of ``lens`` tokens: one sequence each, all of
     them in one batch (the profile may batch more sequences than max_num_seqs)."""
+    # A prompt may fill max_model_len here: no token is ever sampled after it.
     config = replace(scheduler_config, max_num_seqs=max(len(lens), scheduler_config.max_num_seqs),
-                     max_waiting_requests=None)
+                     max_model_len=max(lens) + 1, max_waiting_requests=None)
     scheduler = Scheduler(config, CacheConfig(block_size=block_size, watermark=0.0),
                           num_blocks, 0)
     for index, num_tokens in enumerate(lens):

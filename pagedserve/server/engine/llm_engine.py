@@ -10,12 +10,15 @@ what.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
+from pagedserve.server.engine.admission import check_context_length
 from pagedserve.server.engine.beam_search import BeamState
 from pagedserve.server.engine.engine_args import EngineArgs
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
@@ -37,15 +40,27 @@ from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.model_path import resolve_model
 from pagedserve.server.models.parallel_layers import shard_config
+from pagedserve.server.sampling.grammar import GrammarCompiler, GrammarState
 from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.sampling.validation import validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
 # The projected KV peak is computed again at least this often while the requests held stay
 # the same in number (the load hints carry it).
 PROJECTION_EVERY_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request ``LLMEngine.prepare_request`` checked, with its final parameters, and the
+    compiled grammar of its structured output once compiled (``compile_grammar``)."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    bad_words_token_ids: list[list[int]]
+    grammar: Any = None
 
 
 class LLMEngine:
@@ -112,6 +127,10 @@ class LLMEngine:
         self._projection: tuple[float, tuple[int, int, int], float] | None = None
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        # Built on the first structured request: reading a large vocabulary's bytes takes a
+        # moment that a server never asked for structured output should not pay.
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
@@ -151,65 +170,93 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises InvalidRequestError for a request this engine can never serve."""
-        n_prompt = len(prompt_token_ids)
-        if n_prompt == 0:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        vocab = self.model_config.vocab_size
+        """Raises InvalidRequestError for a request this engine can never serve; changes
+        nothing and may run in any thread (the server checks large prompts off its loop)."""
+        self.prepare_request(prompt_token_ids, params)
+
+    def prepare_request(self, prompt_token_ids: list[int],
+                        params: SamplingParams) -> PreparedRequest:
+        """The request checked once, with its final parameters: ``max_tokens`` defaults to
+        the room the prompt leaves, the checkpoint's other end tokens join
+        ``stop_token_ids`` and the bad words become token ids. Raises InvalidRequestError
+        for a request this engine can never serve; changes nothing and may run in any
+        thread. The sampler does not check the ids again."""
+        prompt_token_ids = list(prompt_token_ids)
+        n_prompt, vocab = len(prompt_token_ids), self.model_config.vocab_size
+        if params.max_tokens is None:  # a copy: the caller's params stay as given
+            params = replace(params, max_tokens=max(1, self.max_model_len - n_prompt))
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(
                 f"prompt token id {bad[0]} is out of range for a vocabulary of {vocab}",
                 param="prompt",
             )
-        validate_token_ids(params, vocab, self._eos_token_id())
-        if params.use_beam_search and params.stop:
-            raise InvalidRequestError("stop strings are not supported with beam search",
-                                      param="stop")
-        if n_prompt >= self.max_model_len:
-            # The prompt alone leaves no room: blame it, not a max_tokens the client may
-            # never have sent (the default fills in at least 1).
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, the prompt has {n_prompt} tokens, which leaves no room for a "
-                f"completion. Please reduce the prompt.", param="prompt")
-        max_tokens = params.max_tokens or 0
-        if n_prompt + max_tokens > self.max_model_len:
-            raise InvalidRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. "
-                f"However, you requested {n_prompt + max_tokens} tokens ({n_prompt} in the "
-                f"prompt, {max_tokens} for the completion). Please reduce the prompt or "
-                f"max_tokens.",
-                param="max_tokens" if max_tokens else "prompt",
-            )
-
-    def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams, prompt: str | None = None,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
-        prompt_token_ids = list(prompt_token_ids)
-        if params.max_tokens is None:  # a copy: the caller's params stay as given
-            params = replace(params, max_tokens=max(1, self.max_model_len - len(prompt_token_ids)))
-        self.check_request(prompt_token_ids, params)
         extra_eos = self._extra_eos_token_ids(params)
         if extra_eos:
             # Checkpoints with several end tokens (Llama 3): the others stop like stop ids.
             params = replace(params, stop_token_ids=params.stop_token_ids + extra_eos)
+        bad_words = self.bad_words_token_ids(params)
+        validate_token_ids(params, vocab, self._eos_token_id(), bad_words)
+        if params.structured_outputs is not None and self.tokenizer is None:
+            raise InvalidRequestError(
+                "structured output needs a tokenizer; the server runs without one "
+                "(--skip-tokenizer-init)", param=params.structured_outputs.source)
+        if params.use_beam_search and params.stop:
+            raise InvalidRequestError("stop strings are not supported with beam search",
+                                      param="stop")
+        check_context_length(n_prompt, params.max_tokens, self.max_model_len)
+        return PreparedRequest(prompt_token_ids, params, bad_words)
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams, prompt: str | None = None,
+                    arrival_time: float | None = None, cache_salt: str | None = None,
+                    tenant: str | None = None, grammar: Any = None) -> None:
+        """``grammar``: the compiled grammar of ``params.structured_outputs``
+        (``compile_grammar``), compiled here when not given."""
+        request = replace(self.prepare_request(prompt_token_ids, params), grammar=grammar)
+        self.add_prepared(request_id, request, prompt, arrival_time, cache_salt, tenant)
+
+    def add_prepared(self, request_id: str, request: PreparedRequest,
+                     prompt: str | None = None, arrival_time: float | None = None,
+                     cache_salt: str | None = None, tenant: str | None = None) -> None:
+        """Adds a request ``prepare_request`` checked (in any thread) to the scheduler;
+        ``tenant`` names whose request it is, for the scheduler's fairness between them."""
+        params, prompt_token_ids = request.params, request.prompt_token_ids
+        grammar = request.grammar
+        if params.structured_outputs is not None and grammar is None:
+            grammar = self.compile_grammar(params.structured_outputs)
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
             cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
-        bad_words = self.bad_words_token_ids(params)
-        # The final params and the bad words' ids, once: the sampler does not check them again.
-        validate_token_ids(params, self.model_config.vocab_size, self._eos_token_id(),
-                           bad_words)
         seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size,
-                       text=self.outputs.text_state(prompt_token_ids, params))
+                       text=self.outputs.text_state(prompt_token_ids, params),
+                       grammar=None if grammar is None else GrammarState.start(grammar))
         group = SequenceGroup(
             request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
             cache_salt=cache_salt, prompt=prompt, eos_token_id=self._eos_token_id(),
-            bad_words_token_ids=bad_words,
-            beam=self._beam_state(params, len(prompt_token_ids)),
+            bad_words_token_ids=request.bad_words_token_ids,
+            beam=self._beam_state(params, len(prompt_token_ids)), tenant=tenant,
         )
         self.scheduler.add_seq_group(group)
+
+    def compile_grammar(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar of a structured-output constraint, from the bounded cache
+        when it was compiled lately; thread-safe. InvalidRequestError names what is wrong
+        with an invalid schema, regex or grammar."""
+        return self.grammar_compiler().compile(spec)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                if self.tokenizer is None:
+                    raise InvalidRequestError("structured output needs a tokenizer",
+                                              param="structured_outputs")
+                stops = [t for t in [self._eos_token_id(), *self.model_config.eos_token_ids]
+                         if t is not None]
+                self._grammar_compiler = GrammarCompiler.for_tokenizer(
+                    self.tokenizer, self.model_config.vocab_size, stops,
+                    cache_size=self.args.grammar_cache_size)
+            return self._grammar_compiler
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Frees the request's blocks at once; returns its final output (None if unknown)."""
@@ -287,11 +334,8 @@ class LLMEngine:
         timer.mark("schedule")
         sampled = SampledBatch()
         if not out.is_empty:
-            hidden, starts = self.runner.execute(out, timer)
-            plan = SamplingPlan.of(out, starts)
-            rows = plan.logit_rows()
-            logits = self.runner.compute_logits(hidden, rows) if rows else None
-            timer.mark("forward")
+            plan = SamplingPlan.of(out)
+            logits = self.runner.execute(out, plan.logit_rows(), timer)
             sampled = self.sampler.sample(plan, logits)
             timer.mark("sample")
         update = self.scheduler.update_from_output(out, sampled)

@@ -1,4 +1,5 @@
-"""SchedulerOutput → model inputs (``model_input.py``) → hidden states → logits.
+"""SchedulerOutput → model inputs (``model_input.py``) → hidden states → the logits of the
+rows the sampling plan asks for.
 
 Everything a step needs is built here from the scheduler's plain data and passed to the model
 explicitly; nothing lives in module-level state.
@@ -37,24 +38,28 @@ class ModelRunner:
             self.kv_cache.copy(out.blocks_to_copy)
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput,
-                timer: StepTimer | None = None) -> tuple[torch.Tensor, list[int]]:
-        """Runs the block ops and the forward pass; returns the hidden states of every packed
-        token [T, hidden] and the query start offsets of the scheduled sequences. ``timer``
-        books the block ops and packing as ``prepare``, the model as ``forward``."""
+    def execute(self, out: SchedulerOutput, rows: list[int],
+                timer: StepTimer | None = None) -> torch.Tensor | None:
+        """Runs the block ops, the forward pass and the logits of ``rows`` (the sampling
+        plan's rows of the step's packed hidden states); returns float32 logits
+        [len(rows), vocab], None when no row is asked for. ``timer`` books the block ops and
+        packing as ``prepare``, the model and its logits as ``forward``."""
         self.run_block_ops(out)
-        if not out.scheduled:  # only block operations this step
-            return torch.empty(0, device=self.device), [0]
-        inp = self.prepare_input(out)
+        inp = self.prepare_input(out) if out.scheduled else None  # else block ops only
         if timer is not None:
             timer.mark("prepare")
-        hidden = self.model(inp.input_ids, inp.positions, inp.attn, self.kv_cache.device_caches)
+        logits = None if inp is None else self.forward(inp, rows)
         if timer is not None:
             timer.mark("forward")
-        return hidden, inp.query_start_loc
+        return logits
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """float32 logits [len(rows), vocab] for the given rows of ``hidden``."""
+    def forward(self, inp: ModelInput, rows: list[int]) -> torch.Tensor | None:
+        """The model over ``inp``, then the logits of ``rows`` of its hidden states: what
+        every tensor-parallel rank runs too (``step_message.run_step``), so that the
+        vocabulary-parallel head's gather meets the other ranks' in the same step."""
+        hidden = self.model(inp.input_ids, inp.positions, inp.attn, self.kv_cache.device_caches)
+        if not rows:
+            return None
         index = torch.tensor(rows, dtype=torch.int64, device=hidden.device)
         return self.model.compute_logits(hidden.index_select(0, index))

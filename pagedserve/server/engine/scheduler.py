@@ -1,4 +1,5 @@
-"""FCFS iteration-level scheduler with chunked prefill and preemption."""
+"""Iteration-level scheduler with chunked prefill and preemption: FCFS, fair between
+tenants at admission."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from pagedserve.server.engine.admission import check_admissible
 from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.fair_share import TenantShares
 from pagedserve.server.engine.integrity import check_scheduler_integrity
 from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
 from pagedserve.server.engine.scheduler_stats import PreemptionStats, SchedulerStats, TokenOccupancy
@@ -34,6 +36,8 @@ class Scheduler(SchedulerUpdates):
     ones, all within ``max_num_batched_tokens`` tokens (prompts are prefilled in chunks) and
     ``max_num_seqs`` sequences. A step that preempts admits nothing new. The queues are kept
     in arrival order, so a request preempted by recomputation goes back ahead of newer ones.
+    Waiting requests are admitted fairly between tenants (``fair_share.py``), in arrival
+    order within one.
 
     Sequence ids must be unique among live sequences; :meth:`new_seq_id` hands out ids that
     are, and :meth:`fork_seq` uses it. Applying a step's results (appending tokens, forks,
@@ -57,6 +61,7 @@ class Scheduler(SchedulerUpdates):
         self.running: list[SequenceGroup] = []
         self.swapped: list[SequenceGroup] = []
         self.preemption_stats = PreemptionStats()
+        self.tenant_shares = TenantShares()
         self._groups: dict[str, SequenceGroup] = {}
         self._seq_groups: dict[int, SequenceGroup] = {}
         self._arrival_order: dict[str, int] = {}
@@ -179,19 +184,23 @@ class Scheduler(SchedulerUpdates):
         if not self.waiting:
             return
         num_seqs = self.num_running_seqs()
+        order = self.tenant_shares.order(self.waiting, self._arrival_of)
         while self.waiting:
-            seq_group = self.waiting[0]
+            seq_group = order.next()
             width = seq_group.max_num_running_seqs()
             if num_seqs + width > self.config.max_num_seqs:
                 return
             status = self.block_manager.can_allocate(seq_group)
             if status is AllocStatus.NEVER:
+                order.remove(seq_group)
                 self._ignore(seq_group, output)
                 continue
             if status is AllocStatus.LATER or budget.tokens_left < seq_group.num_seqs(WAITING):
                 return
-            self.waiting.pop(0)
+            order.remove(seq_group)
+            self.waiting.remove(seq_group)
             self.block_manager.allocate(seq_group)
+            self.tenant_shares.charge(seq_group)
             self._start_running(seq_group, WAITING)
             self._schedule_group(seq_group, budget.plan(seq_group) or [], output, budget)
             num_seqs += width
@@ -252,6 +261,9 @@ class Scheduler(SchedulerUpdates):
             return mode
         # Recomputing would drop the sharing between samples or beams; swapping keeps it.
         return "swap" if seq_group.num_seqs(RUNNING) > 1 else "recompute"
+
+    def _arrival_of(self, seq_group: SequenceGroup) -> int:
+        return self._arrival_order[seq_group.request_id]
 
     def _insert_by_arrival(self, queue: list[SequenceGroup], seq_group: SequenceGroup) -> None:
         order = self._arrival_order

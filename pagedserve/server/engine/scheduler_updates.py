@@ -69,6 +69,12 @@ class SchedulerUpdates:
     def _append(self, seq: Sequence, token: SampledToken, now: float,
                 update: StepUpdate) -> None:
         group = token.draw.group
+        if seq.grammar is not None and not seq.grammar.accept(token.token_id):
+            # Only a mask that left no token (min_tokens holding back the only stop the
+            # grammar allows) samples outside it; the output so far is all there is.
+            update.touch(group)
+            self.finish_seq(seq, SequenceStatus.FINISHED_STOPPED)
+            return
         seq.append_token(token.token_id, token.logprob)
         _mark_token(group, now, update)
         if token.position is not None:
@@ -78,6 +84,8 @@ class SchedulerUpdates:
                                                token.token_id, group.eos_token_id)
         if reason is None and seq.num_tokens >= self.config.max_model_len:
             reason = "length"
+        if reason is None and seq.grammar is not None and seq.grammar.is_terminated:
+            reason = "stop"  # the grammar's stop token under ignore_eos: nothing may follow
         if reason is not None and not seq.status.is_finished:
             seq.stop_reason = stop_reason
             self.finish_seq(seq, _STATUS_BY_REASON[reason])

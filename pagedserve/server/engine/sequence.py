@@ -14,6 +14,7 @@ from pagedserve.server.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from pagedserve.server.engine.beam_search import BeamState
     from pagedserve.server.engine.text_state import TextState
+    from pagedserve.server.sampling.grammar import GrammarState
 
 
 class SequenceStatus(enum.Enum):
@@ -59,18 +60,21 @@ class Sequence:
     ``sample_index`` is the sample's place among the request's ``best_of`` samples (its seed
     offset and output index). ``text`` is the output side's record of the sequence's text
     (detokenizer, stop strings, per-token logprobs); only the output processor writes it, and
-    a fork copies it.
+    a fork copies it. ``grammar`` is the sequence's place in its structured-output grammar
+    (``None`` for free text): it follows the output tokens alone, so it survives preemption
+    by recompute or swap as it is, and a fork copies it.
     """
 
     __slots__ = (
         "block_hashes", "block_size", "block_table", "cumulative_logprob", "finish_reason",
+        "grammar",
         "num_cached_tokens", "num_computed_tokens", "num_registered_blocks",
         "output_token_ids", "prompt_token_ids", "sample_index", "seq_id", "status",
         "stop_reason", "text", "token_ids",
     )
 
     def __init__(self, seq_id: int, prompt_token_ids: Iterable[int], block_size: int,
-                 text: TextState | None = None) -> None:
+                 text: TextState | None = None, grammar: GrammarState | None = None) -> None:
         self.seq_id = seq_id
         self.sample_index = 0
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
@@ -88,6 +92,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.text = text
+        self.grammar = grammar
 
     def __repr__(self) -> str:
         return (f"Sequence(seq_id={self.seq_id}, status={self.status.name}, "
@@ -130,6 +135,7 @@ class Sequence:
         if sample_index is not None:
             child.sample_index = sample_index
         child.text = None if self.text is None else self.text.fork()
+        child.grammar = None if self.grammar is None else self.grammar.fork()
         child.prompt_token_ids = self.prompt_token_ids  # never mutated: safe to share
         child.output_token_ids = list(self.output_token_ids)
         child.token_ids = list(self.token_ids)
@@ -151,13 +157,14 @@ class SequenceGroup:
 
     A request starts with one sequence; parallel sampling and beam search fork more after the
     prompt is computed, so their prompt blocks are shared. ``cache_salt`` separates prefix-cache
-    entries of tenants that must not see each other's hits. The group is the one home of the
-    request's state: its prompt text, its stop token, its beam search, its prompt logprobs and
-    its timing record (``metrics``); the scheduler changes them.
+    entries of tenants that must not see each other's hits; ``tenant`` names whose request
+    it is (an API key, a client), which the scheduler's admission is fair between. The group
+    is the one home of the request's state: its prompt text, its stop token, its beam search,
+    its prompt logprobs and its timing record (``metrics``); the scheduler changes them.
     """
 
     __slots__ = ("bad_words_token_ids", "beam", "cache_salt", "eos_token_id", "metrics",
-                 "prompt", "prompt_logprobs", "request_id", "sampling_params", "seqs")
+                 "prompt", "prompt_logprobs", "request_id", "sampling_params", "seqs", "tenant")
 
     def __init__(
         self,
@@ -171,8 +178,10 @@ class SequenceGroup:
         eos_token_id: int | None = None,
         bad_words_token_ids: list[list[int]] | None = None,
         beam: BeamState | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.tenant = tenant
         self.seqs: list[Sequence] = list(seqs)
         if not self.seqs:
             raise ValueError(f"request {request_id!r} needs at least one sequence")

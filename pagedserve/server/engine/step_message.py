@@ -1,13 +1,14 @@
 """The one message rank 0 broadcasts per step, and the step every rank then runs on it.
 
 The message carries what the model runner derives from the ``SchedulerOutput``: the packed
-model input (token ids, positions, slot mapping, block tables, lengths), the block
-operations (swap out, swap in, copy-on-write copies) and the rows whose logits the step
-needs. It travels through the CPU group packed into one uint8 tensor: a small pickled skeleton
-(the dataclasses' fields, tensors replaced by offsets) followed by the tensors' bytes, so a
-field added to the runner's ``ModelInput`` or to ``AttentionMetadata`` reaches the workers
-without a change here, without pickling tensors (a millisecond a message). Sequences,
-sampling parameters and the scheduler's block tables never leave rank 0.
+model input (token ids, positions, slot mapping, block tables, lengths), the block operations
+(swap out, swap in, copy-on-write copies) and the rows whose logits the step needs (the
+engine's ``SamplingPlan.logit_rows``). It travels through the CPU group packed into one uint8
+tensor: a small pickled skeleton (the dataclasses' fields, tensors replaced by offsets)
+followed by the tensors' bytes, so a field added to the runner's ``ModelInput`` or to
+``AttentionMetadata`` reaches the workers without a change here, without pickling tensors (a
+millisecond a message). Sequences, sampling parameters and the scheduler's block tables never
+leave rank 0.
 """
 
 from __future__ import annotations
@@ -51,20 +52,6 @@ class StepMessage:
         return SchedulerOutput(blocks_to_swap_in=self.blocks_to_swap_in,
                                blocks_to_swap_out=self.blocks_to_swap_out,
                                blocks_to_copy=self.blocks_to_copy)
-
-
-def logit_rows(out: SchedulerOutput, query_start_loc: list[int]) -> list[int]:
-    """Rows of the step's hidden states whose logits rank 0 may ask for: the last row of each
-    sequence that samples, every row of a request that wants prompt logprobs. Computing them
-    inside the step keeps the vocabulary-parallel head in the step's one round of messages."""
-    rows: list[int] = []
-    for i, item in enumerate(out.scheduled):
-        start, end = query_start_loc[i], query_start_loc[i + 1]
-        if item.seq_group.sampling_params.prompt_logprobs is not None:
-            rows.extend(range(start, end))
-        elif item.samples:
-            rows.append(end - 1)
-    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,20 +128,12 @@ def receive_step(group: TensorParallelGroup, device: torch.device) -> StepMessag
     return unpack(body, skeleton_len, device)
 
 
-@torch.inference_mode()
-def run_step(runner: ModelRunner, message: StepMessage
-             ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """What every rank does with a step: the block operations on its own KV shard, the
-    forward pass (its all-reduces meet the other ranks'), then the logits of
-    ``message.logit_rows``, gathered on rank 0. Returns (hidden states, logits); logits are
-    None off rank 0 and when no row is asked for."""
+def run_step(runner: ModelRunner, message: StepMessage) -> torch.Tensor | None:
+    """What every rank does with a step: the block operations on its own KV shard, then
+    ``ModelRunner.forward`` (its all-reduces meet the other ranks') with the logits of
+    ``message.logit_rows``, gathered on rank 0. Returns those logits; None off rank 0 and
+    when no row is asked for."""
     runner.run_block_ops(message.block_ops())
-    inp = message.model_input
-    if inp is None:
-        return None, None
-    hidden = runner.model(inp.input_ids, inp.positions, inp.attn,
-                          runner.kv_cache.device_caches)
-    if not message.logit_rows:
-        return hidden, None
-    rows = torch.tensor(message.logit_rows, dtype=torch.int64, device=hidden.device)
-    return hidden, runner.model.compute_logits(hidden.index_select(0, rows))
+    if message.model_input is None:
+        return None
+    return runner.forward(message.model_input, message.logit_rows)

@@ -10,6 +10,7 @@ fork, finish) in ``update_from_output``. Nothing here changes a sequence or a re
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -78,8 +79,12 @@ class SamplingPlan:
     prompt_chunks: list[PromptChunk] = field(default_factory=list)
 
     @classmethod
-    def of(cls, out: SchedulerOutput, starts: list[int]) -> SamplingPlan:
-        """``starts[i]`` is the first hidden-state row of ``out.scheduled[i]``."""
+    def of(cls, out: SchedulerOutput, starts: list[int] | None = None) -> SamplingPlan:
+        """``starts[i]`` is the first hidden-state row of ``out.scheduled[i]`` (by default
+        the packing's: each sequence's new tokens back to back)."""
+        if starts is None:
+            starts = list(itertools.accumulate(
+                (item.num_new_tokens for item in out.scheduled), initial=0))
         plan = cls()
         for i, item in enumerate(out.scheduled):
             group = item.seq_group
@@ -101,6 +106,8 @@ class SamplingPlan:
             self.draws.append(Draw(seq, group, k if first else seq.sample_index, forks=k > 0))
 
     def logit_rows(self) -> list[int]:
+        """The rows whose logits the runner computes, in the order ``TokenSampler.sample``
+        reads them; a row sampled ``best_of`` times appears that many times."""
         rows = list(self.rows)
         rows.extend(row for _, beams in self.beams.values() for _, row in beams)
         for chunk in self.prompt_chunks:
@@ -135,9 +142,9 @@ class TokenSampler:
         rows = [SamplingRow(params=g.sampling_params, prompt_token_ids=s.prompt_token_ids,
                             output_token_ids=s.output_token_ids, seed=seed,
                             eos_token_id=g.eos_token_id,
-                            bad_words_token_ids=g.bad_words_token_ids)
+                            bad_words_token_ids=g.bad_words_token_ids, grammar=s.grammar)
                 for s, g, seed in zip(seqs, groups, seeds)]
-        # The engine checked each request's ids when it arrived (LLMEngine.add_request).
+        # The engine checked each request's ids when it arrived (LLMEngine.prepare_request).
         return SamplingMetadata.build(rows, self.vocab_size, device, check_rows=False)
 
     def _draw(self, draws: list[Draw], logits: torch.Tensor) -> list[SampledToken]:

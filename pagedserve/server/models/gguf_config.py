@@ -73,6 +73,9 @@ def gguf_config_dict(reader: Any) -> dict[str, Any]:
         "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
         "hidden_act": "silu",
         "tie_word_embeddings": OUTPUT_TENSOR not in tensor_names,
+        # Llama-layout checkpoints may carry projection biases; the file shows which.
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+        "mlp_bias": "blk.0.ffn_up.bias" in tensor_names,
         "torch_dtype": _FILE_DTYPES.get(metadata_value(reader, "general.file_type"), "bfloat16"),
         "bos_token_id": metadata_value(reader, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": _eos_ids(reader),

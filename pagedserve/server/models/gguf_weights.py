@@ -2,14 +2,16 @@
 
 ``gguf_tensors`` is the per-tensor hook: each ``GGUFTensor`` carries the raw data still in its
 GGUF type (quantized blocks included), the Hugging Face name and shape it stands for, and the
-row order that undoes llama.cpp's rope permutation. A loader that keeps weights quantized takes
-the raw blocks from it; ``gguf_weights`` dequantizes each tensor to float32 on the way to the
-model, so the only full copy of the model is its parameters.
+row order that undoes llama.cpp's rope permutation. ``load_weights`` hands each one, unread, to
+its parameter's ``WeightSlot``: the default slot dequantizes it to float32 on the way in (so the
+only full copy of the model is its parameters), and a quantized layer's slot (from its
+``checkpoint_slots``) can take the raw blocks instead.
 
 llama.cpp's converter reorders the rows of a Llama model's Q and K projections, within each
 head, from the two rotated halves of Hugging Face's rotary layout to interleaved pairs (the
 layout its own rope kernel reads). Row ``(head, i, half)`` of the file is row ``(head, half,
-i)`` of the checkpoint; ``hf_row_order`` inverts it. Qwen2 files are converted unpermuted.
+i)`` of the checkpoint (biases too); ``hf_row_order`` inverts it. Qwen2 files are converted
+unpermuted.
 """
 
 from __future__ import annotations
@@ -110,11 +112,12 @@ class GGUFTensor:
 
 
 def _permuted_heads(config: ModelConfig, name: str) -> int | None:
-    if config.architecture not in _ROPE_PERMUTED or not name.endswith(".weight"):
+    """The head count a Q/K tensor (weight or bias) was permuted with, else None."""
+    if config.architecture not in _ROPE_PERMUTED:
         return None
-    if name.endswith("self_attn.q_proj.weight"):
+    if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
         return config.num_attention_heads
-    if name.endswith("self_attn.k_proj.weight"):
+    if name.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.bias")):
         return config.num_key_value_heads
     return None
 
@@ -148,7 +151,7 @@ def gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[GGUFTensor]:
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         heads = _permuted_heads(config, name)
         order = None
-        if heads is not None and len(shape) == 2 and shape[0] == heads * config.head_dim:
+        if heads is not None and shape and shape[0] == heads * config.head_dim:
             order = hf_row_order(shape[0], heads)
         yield GGUFTensor(name, tensor.name, tensor.tensor_type, tensor.data, shape, order)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.server.sampling.exponential_race import generator_seed
+from pagedserve.server.sampling.grammar import GrammarState, grammar_bitmask
 from pagedserve.server.sampling.token_masks import build_blocked_mask, build_logit_bias
 from pagedserve.server.sampling.validation import validate_token_ids
 from pagedserve.server.sampling_params import SamplingParams, SamplingType
@@ -25,7 +26,8 @@ class SamplingRow:
 
     ``seed`` is the effective seed of this sample (the engine passes ``params.seed + i`` for
     sample ``i``), ``None`` for unseeded sampling. ``bad_words_token_ids`` holds
-    ``params.bad_words`` already tokenized, one id sequence per word.
+    ``params.bad_words`` already tokenized, one id sequence per word. ``grammar`` is the
+    sequence's place in its structured-output grammar, ``None`` for free text.
     """
 
     params: SamplingParams
@@ -34,6 +36,7 @@ class SamplingRow:
     seed: int | None = None
     eos_token_id: int | None = None
     bad_words_token_ids: Sequence[Sequence[int]] = ()
+    grammar: GrammarState | None = None
 
 
 @dataclass(slots=True)
@@ -61,6 +64,9 @@ class SamplingMetadata:
     output_counts: torch.Tensor | None  # int32 [N, V]: occurrences in the output
     logit_bias: torch.Tensor | None  # float32 [N, V]
     blocked_mask: torch.Tensor | None  # bool [N, V]: token may not be sampled
+    # (int32 [N, ceil(V/32)] on the CPU: bit t set where token t may come next, the rows
+    # with a grammar); None when no row has one
+    grammar_bitmask: tuple[torch.Tensor, list[int]] | None
     seeded_rows: list[tuple[int, int]]  # (row, generator seed) of seeded random rows
     has_unseeded_random: bool
     max_num_logprobs: int
@@ -112,6 +118,7 @@ class SamplingMetadata:
             ),
             logit_bias=build_logit_bias([r.params for r in rows], vocab_size, device),
             blocked_mask=build_blocked_mask(rows, vocab_size, device),
+            grammar_bitmask=grammar_bitmask([r.grammar for r in rows], vocab_size),
             seeded_rows=[
                 (i, generator_seed(row.seed, len(row.output_token_ids)))
                 for i, row in enumerate(rows)

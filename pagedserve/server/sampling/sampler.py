@@ -1,7 +1,8 @@
 """The sampler: one call per engine step turns the logits of every sampling sequence into
 next tokens, each row under its own request's parameters.
 
-Processing order: penalties and biases (every row) → greedy rows take the argmax →
+Processing order: penalties and biases (every row) → the structured-output grammar's mask
+(rows with a grammar; the others share the step untouched) → greedy rows take the argmax →
 temperature → top-k → top-p → min-p → a random draw by the exponential race. Greedy rows
 (temperature 0, and beam search, which ranks candidates itself) break ties towards the lower
 token id.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.server.sampling.exponential_race import exponential_noise, exponential_race
+from pagedserve.server.sampling.grammar import apply_grammar_bitmask
 from pagedserve.server.sampling.logprobs import sampled_logprobs, sampled_ranks, top_logprobs
 from pagedserve.server.sampling.metadata import SamplingMetadata
 from pagedserve.server.sampling.penalties import apply_penalties_and_biases
@@ -64,9 +66,12 @@ class Sampler:
         self._top_k_top_p = top_k_top_p
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """Sample one token per row of ``logits`` (float32 ``[N, V]``, left unmodified)."""
+        """Sample one token per row of ``logits`` (float32 ``[N, V]``), left unmodified unless
+        no row asks for logprobs: then the grammar mask, if any, is written into it, which
+        spares a copy of the whole batch's logits each step."""
         logits = _checked(logits, metadata)
-        token_ids = self._sample(apply_penalties_and_biases(logits, metadata), metadata)
+        token_ids = self._sample(_processed(logits, metadata, in_place=not _wants_raw(metadata)),
+                                 metadata)
         return SamplerOutput(
             sampled_token_ids=token_ids,
             sampled_logprobs=_needed_logprobs(logits, token_ids, metadata.logprob_rows),
@@ -78,7 +83,7 @@ class Sampler:
         """The logits each row samples from: greedy rows after penalties and biases, random
         rows after the warpers too; masked tokens are -inf. May return ``logits`` itself."""
         logits = _checked(logits, metadata)
-        processed = apply_penalties_and_biases(logits, metadata)
+        processed = _processed(logits, metadata)
         if metadata.all_greedy:
             return processed
         return apply_warpers(processed, metadata, self._top_k_top_p)
@@ -126,6 +131,22 @@ class Sampler:
                 generator.manual_seed(self._seed)
             self._generators[device] = generator
         return generator
+
+
+def _wants_raw(metadata: SamplingMetadata) -> bool:
+    """Whether the raw logits serve the output after sampling (logprobs, ranks)."""
+    return metadata.wants_logprobs or metadata.logprob_rows is None or bool(
+        metadata.logprob_rows)
+
+
+def _processed(logits: torch.Tensor, metadata: SamplingMetadata,
+               in_place: bool = False) -> torch.Tensor:
+    processed = apply_penalties_and_biases(logits, metadata)
+    if metadata.grammar_bitmask is not None:
+        if processed is logits and not in_place:  # the raw logits still serve the logprobs
+            processed = logits.clone()
+        apply_grammar_bitmask(processed, *metadata.grammar_bitmask)
+    return processed
 
 
 def _needed_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,

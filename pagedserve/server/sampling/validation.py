@@ -1,8 +1,8 @@
 """Range checks for the token ids a request names, against the model's vocabulary.
 
-The engine calls ``validate_token_ids`` when a request arrives so that a bad id is rejected
-with a 400 before it is scheduled, and then once more on the request's final parameters and
-its bad words' ids. ``SamplingMetadata.build`` calls it for every row unless its caller made
+The engine calls ``validate_token_ids`` once when a request arrives, on the request's final
+parameters and its bad words' ids, so that a bad id is rejected with a 400 before it is
+scheduled. ``SamplingMetadata.build`` calls it for every row unless its caller made
 those checks (the engine's sampler does not repeat them each step), so that a bad id can
 never reach an index operation on the device.
 """

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
 from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.tokenizer.chat_encoding import encode_chat
 from pagedserve.server.tokenizer.chat_template import render_chat_template
 from pagedserve.server.tokenizer.errors import TokenizerLoadError
 
@@ -33,6 +34,7 @@ class Tokenizer(ABC):
         chat_template: the model's Jinja chat template, or None for the default one.
         strips_leading_space: the decoder drops the space its first token carries
             (SentencePiece-style ``▁word`` vocabularies), so a text's first word has none.
+        special_texts: the texts ``encode`` turns into special ids where they occur.
     """
 
     name: str
@@ -43,10 +45,16 @@ class Tokenizer(ABC):
     special_tokens_map: Mapping[str, str]
     chat_template: str | None
     strips_leading_space: bool = False
+    special_texts: frozenset[str] = frozenset()
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds the model's BOS/EOS framing."""
+
+    @abstractmethod
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of ``text`` as plain text: special-token text in it is spelled out, and
+        no BOS/EOS is added."""
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -80,6 +88,20 @@ class Tokenizer(ABC):
             continue_final_message=continue_final_message,
             variables=variables,
         )
+
+    def encode_chat(
+        self, messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True,
+        continue_final_message: bool = False, variables: Mapping[str, object] | None = None,
+        add_special_tokens: bool = False, allow_special_tokens_in_content: bool = False,
+    ) -> tuple[str, list[int]]:
+        """The prompt text of a chat and its ids, with special-token text inside the
+        messages' contents kept as text (see ``chat_encoding``) unless
+        ``allow_special_tokens_in_content``."""
+        return encode_chat(
+            self, messages, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, variables=variables,
+            add_special_tokens=add_special_tokens,
+            allow_special_tokens_in_content=allow_special_tokens_in_content)
 
     def negative_token_error(self, token_id: int) -> InvalidRequestError:
         """The error for an id no vocabulary has."""

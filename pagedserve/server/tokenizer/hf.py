@@ -48,6 +48,9 @@ class HFTokenizer(Tokenizer):
         self.strips_leading_space = self._byte_decoder.strips_leading_space
         added = backend.get_added_tokens_decoder()
         self.all_special_ids = frozenset(i for i, token in added.items() if token.special)
+        self.special_texts = (frozenset() if config.split_special_tokens else
+                              frozenset(t.content for t in added.values() if t.special))
+        self._plain_backend: BackendTokenizer | None = None
         self.vocab_size = max(backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self._token_bytes: dict[int, bytes] = {}
 
@@ -63,6 +66,20 @@ class HFTokenizer(Tokenizer):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_text(self, text: str) -> list[int]:
+        return self._plain().encode(text, add_special_tokens=False).ids
+
+    def _plain(self) -> BackendTokenizer:
+        # A copy that spells special tokens out: the flag is the backend's, not per call, and
+        # the tokenizer pool encodes on several threads at once.
+        if self._plain_backend is None:
+            plain = BackendTokenizer.from_str(self._backend.to_str())
+            plain.no_padding()
+            plain.no_truncation()
+            plain.encode_special_tokens = True
+            self._plain_backend = plain
+        return self._plain_backend
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         ids = list(token_ids)

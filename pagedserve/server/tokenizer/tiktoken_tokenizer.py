@@ -83,6 +83,9 @@ class TiktokenTokenizer(Tokenizer):
             ids.insert(0, self.bos_token_id)
         return ids
 
+    def encode_text(self, text: str) -> list[int]:
+        return self.encode(text, add_special_tokens=False)
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         ids = list(token_ids)
         if skip_special_tokens:

@@ -1,0 +1,218 @@
+"""Fairness between tenants: a small tenant's time to first token while another tenant sends
+huge requests and holds hundreds of idle connections, and health probes meanwhile.
+
+One ``pagedserve serve`` process (the embedded tiny model) with two API keys. The small
+tenant (from 127.0.0.3) sends short streamed completions one after another and times each
+one's first token. Three phases, in one run:
+
+- ``solo``: the small tenant alone;
+- ``fair``: the huge tenant (its own key, from 127.0.0.2) meanwhile keeps requests of many
+  long prompts (``max_tokens`` 1) in flight and keeps up to ``--idle-connections`` idle
+  connections open (reopened as the server closes them);
+- ``one_tenant``: the same, but both send the small tenant's key: one tenant, first come
+  first served, as the scheduler was without tenants (the baseline).
+
+``/health`` is probed on the main port every ``--probe-interval`` seconds through the loaded
+phases. It prints each phase's p50/p99 TTFT and the ratios to solo; the last line is JSON.
+
+    python -m benchmarks.fairness [--quick] [--small-requests 40] [--idle-connections 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+
+from benchmarks import harness
+from pagedserve.client.sse import iter_sse
+
+KEYS = {"huge": "huge-tenant-key", "small": "small-tenant-key"}
+HUGE_ADDRESS, SMALL_ADDRESS = "127.0.0.2", "127.0.0.3"
+SERVER_FLAGS = ["--max-model-len", "512", "--num-kv-blocks", "512", "--max-num-seqs", "32",
+                "--max-num-batched-tokens", "512", "--dtype", "float32", "--disable-access-log",
+                "--max-connections", "600", "--max-connections-per-client", "256",
+                "--timeout-header-read", "5"]
+_START_TIMEOUT_S = 300.0
+_WORDS = ("paged", "attention", "block", "table", "cache", "prefix", "swap", "token", "batch",
+          "decode")
+
+
+def prompt(num_words: int, offset: int) -> str:
+    return " ".join(_WORDS[(offset + i) % len(_WORDS)] for i in range(num_words))
+
+
+def session(address: str) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(local_addr=(address, 0), limit=0)
+    timeout = aiohttp.ClientTimeout(total=600)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
+async def time_to_first_token(client: aiohttp.ClientSession, url: str, key: str,
+                              index: int) -> float:
+    body = {"model": "tiny", "prompt": prompt(24, index), "max_tokens": 4, "stream": True,
+            "ignore_eos": True}
+    start = time.perf_counter()
+    async with client.post(url + "/v1/completions", json=body,
+                           headers={"Authorization": f"Bearer {key}"}) as response:
+        if response.status != 200:
+            raise RuntimeError(f"small request: HTTP {response.status}: {await response.text()}")
+        async for event in iter_sse(response.content):
+            if not event.is_done and event.json()["choices"]:
+                ttft = time.perf_counter() - start
+                async for _ in iter_sse(response.content):  # read the rest
+                    pass
+                return ttft
+    raise RuntimeError("a stream without tokens")
+
+
+async def small_tenant(url: str, key: str, count: int) -> list[float]:
+    async with session(SMALL_ADDRESS) as client:
+        return [await time_to_first_token(client, url, key, i) for i in range(count)]
+
+
+async def huge_tenant(url: str, key: str, prompts: int, words: int, in_flight: int) -> int:
+    """Keeps ``in_flight`` huge requests going until cancelled; returns how many finished."""
+    done = 0
+    body = {"model": "tiny", "prompt": [prompt(words, i) for i in range(prompts)],
+            "max_tokens": 1}
+
+    async def loop(client: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while True:
+            async with client.post(url + "/v1/completions", json=body,
+                                   headers={"Authorization": f"Bearer {key}"}) as response:
+                await response.read()
+                if response.status == 200:
+                    done += 1
+                else:
+                    await asyncio.sleep(0.1)
+
+    async with session(HUGE_ADDRESS) as client:
+        tasks = [asyncio.ensure_future(loop(client)) for _ in range(in_flight)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return done
+
+
+async def idle_connections(port: int, count: int) -> None:
+    """Holds up to ``count`` connections that never send a request, reopening each one as
+    the server closes it (or refuses it) until cancelled."""
+
+    async def hold() -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=(HUGE_ADDRESS, 0))
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            await reader.read()  # until the server closes it (header timeout, or a 429)
+            writer.close()
+            await asyncio.sleep(0.05)
+
+    tasks = [asyncio.ensure_future(hold()) for _ in range(count)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def probe_health(url: str, interval: float, statuses: list[int]) -> None:
+    timeout = aiohttp.ClientTimeout(total=10)
+    while True:
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as client, client.get(
+                    url + "/health") as response:
+                statuses.append(response.status)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            statuses.append(0)
+        await asyncio.sleep(interval)
+
+
+async def loaded_phase(url: str, port: int, huge_key: str, args: argparse.Namespace,
+                       statuses: list[int]) -> tuple[list[float], int]:
+    background = [
+        asyncio.ensure_future(huge_tenant(url, huge_key, args.huge_prompts, args.huge_words,
+                                          args.huge_in_flight)),
+        asyncio.ensure_future(idle_connections(port, args.idle_connections)),
+        asyncio.ensure_future(probe_health(url, args.probe_interval, statuses)),
+    ]
+    await asyncio.sleep(args.warmup)  # let the huge requests fill the engine first
+    try:
+        ttfts = await small_tenant(url, KEYS["small"], args.small_requests)
+    finally:
+        for task in background:
+            task.cancel()
+        results = await asyncio.gather(*background, return_exceptions=True)
+    huge_done = results[0] if isinstance(results[0], int) else 0
+    return ttfts, huge_done
+
+
+def summary(ttfts: list[float]) -> dict[str, float]:
+    ordered = sorted(ttfts)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"p50_ms": round(statistics.median(ordered) * 1000, 1),
+            "p99_ms": round(p99 * 1000, 1)}
+
+
+def start_server() -> tuple[subprocess.Popen[str], str]:
+    return harness.launch_pagedserve(["--model", "tiny", "--api-key", *KEYS.values(),
+                                      *SERVER_FLAGS], _START_TIMEOUT_S)
+
+
+async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    port = int(url.rsplit(":", 1)[1])
+    await small_tenant(url, KEYS["small"], 3)  # warm-up
+    solo = await small_tenant(url, KEYS["small"], args.small_requests)
+    phases: dict[str, Any] = {"solo": summary(solo)}
+    for name, huge_key in (("fair", KEYS["huge"]), ("one_tenant", KEYS["small"])):
+        statuses: list[int] = []
+        ttfts, huge_done = await loaded_phase(url, port, huge_key, args, statuses)
+        loaded = summary(ttfts)
+        phases[name] = {**loaded, "huge_requests_done": huge_done,
+                        "p99_vs_solo": round(loaded["p99_ms"] / phases["solo"]["p99_ms"], 2),
+                        "health_probes": len(statuses),
+                        "health_probes_ok": sum(s == 200 for s in statuses)}
+    return phases
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer, smaller requests")
+    parser.add_argument("--small-requests", type=int, default=40)
+    parser.add_argument("--huge-prompts", type=int, default=64)
+    parser.add_argument("--huge-words", type=int, default=400)
+    parser.add_argument("--huge-in-flight", type=int, default=2)
+    parser.add_argument("--idle-connections", type=int, default=300)
+    parser.add_argument("--probe-interval", type=float, default=0.2)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    args = parser.parse_args()
+    if args.quick:
+        args.small_requests, args.huge_prompts, args.idle_connections = 10, 16, 100
+    process, url = start_server()
+    try:
+        phases = asyncio.run(run(url, args))
+    finally:
+        harness.stop(process)
+    for name, numbers in phases.items():
+        print(f"{name:>10}: " + ", ".join(f"{k} {v}" for k, v in numbers.items()))
+    print(json.dumps(phases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""A request is checked once, in one place: ``LLMEngine.prepare_request`` settles its final
+parameters (the max_tokens default, bad words as ids) and the async engine's loop thread adds
+the prepared request without checking it again."""
+
+from __future__ import annotations
+
+import pytest
+
+from pagedserve.server.engine import llm_engine
+from pagedserve.server.engine.async_engine import AsyncEngine
+from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.llm_engine import LLMEngine
+from pagedserve.server.errors import InvalidRequestError
+from pagedserve.server.sampling_params import SamplingParams
+from tests.checkpoints import make_checkpoint
+
+MAX_MODEL_LEN = 64
+VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
+    model_dir = make_checkpoint(tmp_path_factory.mktemp("checks-llama"), "llama",
+                                vocab_size=VOCAB, hidden_size=32, num_attention_heads=2,
+                                num_key_value_heads=1, num_hidden_layers=1,
+                                max_position_embeddings=MAX_MODEL_LEN)
+    return LLMEngine(EngineArgs(model=str(model_dir), dtype="float32", kernel_backend="torch",
+                                skip_tokenizer_init=True, num_kv_blocks=32, block_size=4))
+
+
+@pytest.fixture
+def validations(monkeypatch: pytest.MonkeyPatch) -> list[SamplingParams]:
+    """The params of every ``validate_token_ids`` call the engine makes."""
+    calls: list[SamplingParams] = []
+    check = llm_engine.validate_token_ids
+
+    def counted(params: SamplingParams, *args: object) -> None:
+        calls.append(params)
+        check(params, *args)
+
+    monkeypatch.setattr(llm_engine, "validate_token_ids", counted)
+    return calls
+
+
+def test_max_tokens_defaults_to_the_room_the_prompt_leaves(engine: LLMEngine) -> None:
+    given = SamplingParams(max_tokens=None)
+    prepared = engine.prepare_request([1, 2, 3], given)
+    assert prepared.params.max_tokens == MAX_MODEL_LEN - 3
+    assert given.max_tokens is None  # the caller's params are left as given
+    assert engine.prepare_request([1, 2, 3], SamplingParams(max_tokens=5)).params.max_tokens == 5
+
+
+def test_the_context_rule_is_the_schedulers(engine: LLMEngine) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        engine.check_request(list(range(MAX_MODEL_LEN)), SamplingParams(max_tokens=None))
+    assert (info.value.param, info.value.message) == (
+        "prompt", f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, "
+        f"the prompt has {MAX_MODEL_LEN} tokens, which leaves no room for a completion. "
+        f"Please reduce the prompt.")
+    with pytest.raises(InvalidRequestError) as info:
+        engine.check_request([], SamplingParams())
+    assert (info.value.param, info.value.message) == (
+        "prompt", "the prompt must contain at least 1 token")
+    with pytest.raises(InvalidRequestError) as info:
+        engine.check_request([1, VOCAB], SamplingParams())
+    assert info.value.message == f"prompt token id {VOCAB} is out of range for a vocabulary " \
+                                 f"of {VOCAB}"
+
+
+def test_add_request_checks_once(engine: LLMEngine, validations: list[SamplingParams]) -> None:
+    engine.add_request("once", [1, 2, 3], SamplingParams(max_tokens=2, temperature=0.0))
+    assert [p.max_tokens for p in validations] == [2]
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+async def test_the_async_engine_checks_in_the_callers_thread_only(
+        engine: LLMEngine, validations: list[SamplingParams]) -> None:
+    async_engine = AsyncEngine(engine)
+    await async_engine.start()
+    try:
+        stream = async_engine.add_request("async", [4, 5], SamplingParams(max_tokens=3,
+                                                                           temperature=0.0))
+        outputs = [output async for output in stream]
+        assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 3
+        assert [p.max_tokens for p in validations] == [3]
+        with pytest.raises(InvalidRequestError, match="at least 1 token"):
+            async_engine.add_request("empty", [], SamplingParams())
+    finally:
+        await async_engine.shutdown()
