@@ -12,9 +12,9 @@ import math
 import random
 from dataclasses import dataclass
 
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.scheduler import Scheduler
-from pagedserve.server.engine.sequence import Sequence, SequenceStatus
+from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.core.scheduler import Scheduler
+from pagedserve.server.engine.core.sequence import Sequence, SequenceStatus
 
 # Spread of the lognormal length draws (of the underlying normal); the means are the traces'.
 SIGMA = 0.9

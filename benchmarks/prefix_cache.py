@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pagedserve.server import LLM, SamplingParams
+from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.engine.engine_stats import StepStats
-from pagedserve.server.engine.outputs import RequestOutput
 
 # Structure tokens of the synthetic prompts; content tokens are drawn above CONTENT_START.
 BOS, QUESTION, ANSWER, SEPARATOR = 1, 3, 4, 5

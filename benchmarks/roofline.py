@@ -134,7 +134,7 @@ def useful_work(shape: Shape, prompt_len: int, output_len: int, num_seqs: int,
 
 def run_engine(model_dir: Path, backend: str, prompts: list[list[int]], output_len: int) -> dict:
     from pagedserve.server import LLM, SamplingParams
-    from pagedserve.server.engine.step_timing import add_phases
+    from pagedserve.server.engine.worker.step_timing import add_phases
 
     start = time.perf_counter()
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",

@@ -47,8 +47,8 @@ from benchmarks.kv_sim import (
     running_seqs,
     synthetic_prompt,
 )
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.sampling_params import SamplingParams
 
 WIDTHS = (2, 4, 6)

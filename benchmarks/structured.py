@@ -27,7 +27,7 @@ from pathlib import Path
 
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.engine_stats import StepStats
-from pagedserve.server.engine.step_timing import add_phases
+from pagedserve.server.engine.worker.step_timing import add_phases
 from pagedserve.server.sampling.grammar import GrammarCompiler
 from pagedserve.server.sampling_params import StructuredOutputsParams
 

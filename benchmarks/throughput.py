@@ -57,7 +57,7 @@ def run_pagedserve(model_dir: Path, work: list[tuple[list[int], int]], policy: s
                    num_kv_blocks: int, max_model_len: int, max_num_seqs: int,
                    device: str, dtype: str) -> dict:
     from pagedserve.server import LLM, SamplingParams
-    from pagedserve.server.engine.step_timing import add_phases
+    from pagedserve.server.engine.worker.step_timing import add_phases
 
     llm = LLM(model=str(model_dir), skip_tokenizer_init=True, dtype=dtype, device=device,
               num_kv_blocks=num_kv_blocks, block_size=16, max_model_len=max_model_len,

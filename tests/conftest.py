@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from pagedserve.kernels.dispatch import BACKEND_ENV
-from pagedserve.server.engine.config import DEFAULT_KV_CACHE_MEMORY, CacheConfig
-from pagedserve.server.engine.engine_args import PREFAULT_ENV, EngineArgs
+from pagedserve.server.engine.config.engine_args import PREFAULT_ENV, EngineArgs
+from pagedserve.server.engine.config.engine_config import DEFAULT_KV_CACHE_MEMORY, CacheConfig
 
 
 def _unless_set(name: str, value: str) -> Iterator[None]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,13 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pagedserve.server.engine.parallel_rendezvous import launched_rank
+    from pagedserve.server.engine.parallel.rendezvous import launched_rank
     from pagedserve.server.errors import PagedServeError
     from pagedserve.server.llm import LLM
     from pagedserve.server.sampling_params import SamplingParams
 
     if launched_rank():  # a rank > 0 under torchrun serves rank 0's steps
-        from pagedserve.server.engine.parallel_worker import run_launched_worker
+        from pagedserve.server.engine.parallel.worker import run_launched_worker
 
         return run_launched_worker()
     prompts = args.prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]

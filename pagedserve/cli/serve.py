@@ -40,7 +40,7 @@ from pagedserve.server.api.shutdown import (
 )
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.errors import PagedServeError
 from pagedserve.server.models.model_path import SMOLLM2_NAME
 
@@ -130,10 +130,10 @@ def _api_key(keys: list[str] | None) -> str | list[str] | None:
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                                                    "%(message)s")
-    from pagedserve.server.engine.parallel_rendezvous import launched_rank
+    from pagedserve.server.engine.parallel.rendezvous import launched_rank
 
     if launched_rank():  # a rank > 0 under torchrun serves rank 0's steps, not HTTP
-        from pagedserve.server.engine.parallel_worker import run_launched_worker
+        from pagedserve.server.engine.parallel.worker import run_launched_worker
 
         return run_launched_worker()
     try:

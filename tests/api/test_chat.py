@@ -10,7 +10,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.core.outputs import RequestOutput
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 
 from pagedserve.client.sse import iter_sse
+from pagedserve.server.engine.core.sequence import SequenceGroup
 from pagedserve.server.engine.output_processor import OutputProcessor
-from pagedserve.server.engine.sequence import SequenceGroup
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openai import AsyncOpenAI
 
-from pagedserve.server.engine.step_timing import STEP_PHASES
+from pagedserve.server.engine.worker.step_timing import STEP_PHASES
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 from tests.api.test_metrics import scrape

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from pagedserve.server import LLM
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model

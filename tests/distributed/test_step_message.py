@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.server.engine.model_input import ModelInput
-from pagedserve.server.engine.step_message import StepKind, StepMessage, pack, unpack
+from pagedserve.server.engine.parallel.step_message import StepKind, StepMessage, pack, unpack
+from pagedserve.server.engine.worker.model_input import ModelInput
 from pagedserve.server.models.attention import AttentionMetadata
 
 

@@ -20,8 +20,8 @@ import pytest
 from pagedserve.cli.startup_log import startup_lines
 from pagedserve.server import LLM, BeamSearchParams, SamplingParams
 from pagedserve.server.api.config import ServerConfig
-from pagedserve.server.engine.parallel_info import ParallelInfo
-from pagedserve.server.engine.step_message import StepMessage
+from pagedserve.server.engine.parallel.info import ParallelInfo
+from pagedserve.server.engine.parallel.step_message import StepMessage
 from tests.e2e.conftest import prompt_token_ids
 
 ENGINE = dict(dtype="float32", skip_tokenizer_init=True, block_size=8, num_kv_blocks=48,

@@ -17,7 +17,7 @@ import torch
 import torch.distributed
 
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.engine.parallel_launcher import WorkerGroup
+from pagedserve.server.engine.parallel.launcher import WorkerGroup
 from pagedserve.server.errors import WorkerFailedError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 

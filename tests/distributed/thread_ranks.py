@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.model_input import ModelInput
-from pagedserve.server.engine.model_runner import ModelRunner
-from pagedserve.server.engine.step_message import StepMessage, run_step
+from pagedserve.server.engine.parallel.step_message import StepMessage, run_step
+from pagedserve.server.engine.worker.kv_cache import KVCache
+from pagedserve.server.engine.worker.model_input import ModelInput
+from pagedserve.server.engine.worker.model_runner import ModelRunner
 from pagedserve.server.models.attention import AttentionMetadata
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_group import TensorParallelGroup

@@ -5,7 +5,7 @@ completes with transformers' exact tokens and the engine serves the next one."""
 from __future__ import annotations
 
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.tokenizer.detokenizer import IncrementalDetokenizer
 
 

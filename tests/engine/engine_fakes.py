@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pagedserve.server.engine.model_input import prepare_model_input
-from pagedserve.server.engine.scheduler import Scheduler
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup
-from pagedserve.server.engine.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.engine.core.scheduler import Scheduler
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.sample.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.engine.worker.model_input import prepare_model_input
 from pagedserve.server.sampling_params import SamplingParams
 
 

@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 
 from pagedserve.server.engine import async_engine
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.sampling_params import SamplingParams

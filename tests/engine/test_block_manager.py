@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from engine_fakes import make_group
 
-from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
-from pagedserve.server.engine.kv_allocation import ContiguousAllocation, make_kv_allocation
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.block_manager import AllocStatus, BlockManager
+from pagedserve.server.engine.core.kv_allocation import ContiguousAllocation, make_kv_allocation
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.errors import BlockAllocationError
 
 BS = 4

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.engine.block import FreeBlockQueue, KVCacheBlock
-from pagedserve.server.engine.block_pool import BlockPool
-from pagedserve.server.engine.prefix_cache import BlockHash, hash_block_tokens
+from pagedserve.server.engine.core.block import FreeBlockQueue, KVCacheBlock
+from pagedserve.server.engine.core.block_pool import BlockPool
+from pagedserve.server.engine.core.prefix_cache import BlockHash, hash_block_tokens
 from pagedserve.server.errors import BlockAllocationError
 
 

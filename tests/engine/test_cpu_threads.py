@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 
 
 def test_threads_default_to_torch_and_an_explicit_count_is_kept():

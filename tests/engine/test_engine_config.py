@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.engine.config import (
+from pagedserve.server.engine.config.engine_config import (
     DEFAULT_KV_CACHE_MEMORY,
     CacheConfig,
     GiB,

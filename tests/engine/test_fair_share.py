@@ -9,7 +9,7 @@ import math
 from engine_fakes import FakeRunner
 from test_scheduler import add, batch, make_scheduler
 
-from pagedserve.server.engine.scheduler import Scheduler
+from pagedserve.server.engine.core.scheduler import Scheduler
 
 
 def admitted(scheduler: Scheduler) -> list[str]:

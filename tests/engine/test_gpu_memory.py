@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedserve.server.engine.config import GiB, SchedulerConfig
-from pagedserve.server.engine.gpu_memory import MemorySnapshot, kv_cache_budget, profile_step
+from pagedserve.server.engine.config.engine_config import GiB, SchedulerConfig
+from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, kv_cache_budget, profile_step
 from pagedserve.server.models.loader import load_model
 from tests.checkpoints import make_checkpoint
 

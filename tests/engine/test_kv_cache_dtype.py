@@ -13,8 +13,8 @@ import torch
 from pagedserve.kernels import native_build
 from pagedserve.kernels.dispatch import TORCH_OPS
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.engine.engine_args import EngineArgs
-from pagedserve.server.engine.kv_cache import resolve_kv_cache_dtype
+from pagedserve.server.engine.config.engine_args import EngineArgs
+from pagedserve.server.engine.worker.kv_cache import resolve_kv_cache_dtype
 from tests.checkpoints import make_checkpoint
 
 VOCAB = 256

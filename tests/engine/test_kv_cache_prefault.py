@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from pagedserve.kernels.dispatch import TORCH_OPS
-from pagedserve.server.engine import engine_args
-from pagedserve.server.engine.engine_args import PREFAULT_ENV, EngineArgs
-from pagedserve.server.engine.kv_cache import KVCache
+from pagedserve.server.engine.config import engine_args
+from pagedserve.server.engine.config.engine_args import PREFAULT_ENV, EngineArgs
+from pagedserve.server.engine.worker.kv_cache import KVCache
 from pagedserve.server.models.config import ModelConfig
 
 MiB = 1 << 20

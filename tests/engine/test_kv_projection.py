@@ -6,14 +6,14 @@ from dataclasses import replace
 
 from engine_fakes import FakeRunner, make_group
 
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.kv_projection import (
+from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.core.kv_projection import (
     Demands,
     peak_growth_blocks,
     projected_blocks,
     projected_usage,
 )
-from pagedserve.server.engine.scheduler import Scheduler
+from pagedserve.server.engine.core.scheduler import Scheduler
 
 BS = 4
 

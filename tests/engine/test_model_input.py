@@ -8,12 +8,12 @@ from dataclasses import dataclass, replace
 
 from engine_fakes import make_group
 
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.model_input import prepare_model_input
-from pagedserve.server.engine.scheduler import Scheduler
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import SequenceGroup
-from pagedserve.server.engine.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.core.scheduler import Scheduler
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.sequence import SequenceGroup
+from pagedserve.server.engine.sample.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.engine.worker.model_input import prepare_model_input
 
 BS = 4
 

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 from engine_fakes import make_group
 
-from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
-from pagedserve.server.engine.prefix_cache import (
+from pagedserve.server.engine.core.block_manager import AllocStatus, BlockManager
+from pagedserve.server.engine.core.prefix_cache import (
     PrefixCacheStats,
     hash_block_tokens,
     max_cache_hit_blocks,
     update_block_hashes,
 )
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 BS = 4
 

@@ -8,7 +8,7 @@ import pytest
 
 from pagedserve.server.engine import llm_engine
 from pagedserve.server.engine.async_engine import AsyncEngine
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.server.engine.async_engine import RequestStream
-from pagedserve.server.engine.outputs import RequestMetrics, RequestOutput
+from pagedserve.server.engine.core.outputs import RequestMetrics, RequestOutput
 
 
 class _Engine:

@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 from engine_fakes import FakeRunner, make_group
 
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.scheduler import Scheduler
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import SequenceGroup, SequenceStatus
+from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.core.scheduler import Scheduler
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.sequence import SequenceGroup, SequenceStatus
 from pagedserve.server.errors import InvalidRequestError, QueueFullError
 
 BS = 4

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from engine_fakes import FakeRunner, make_group
 
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.scheduler import Scheduler
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import SequenceGroup, SequenceStatus
-from pagedserve.server.engine.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.core.scheduler import Scheduler
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.sequence import SequenceGroup, SequenceStatus
+from pagedserve.server.engine.sample.token_sampling import SampledBatch, SampledToken, SamplingPlan
 
 BS = 4
 

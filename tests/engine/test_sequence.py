@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.engine.kv_allocation import ContiguousAllocation, PagedAllocation
-from pagedserve.server.engine.scheduler_stats import PreemptionStats, TokenOccupancy
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.kv_allocation import ContiguousAllocation, PagedAllocation
+from pagedserve.server.engine.core.scheduler_stats import PreemptionStats, TokenOccupancy
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.sampling_params import SamplingParams
 
 

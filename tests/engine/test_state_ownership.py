@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.server.engine.block import KVCacheBlock
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.core.block import KVCacheBlock
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 
 ENGINE = Path(__file__).resolve().parents[2] / "pagedserve" / "server" / "engine"
 # The scheduler (two files), the block manager with its pools and blocks, and Sequence's
@@ -74,7 +74,7 @@ def violations(source: str, filename: str = "<module>") -> list[str]:
 
 def test_only_the_scheduler_and_block_manager_change_state() -> None:
     found = []
-    for path in sorted(ENGINE.glob("*.py")):
+    for path in sorted(ENGINE.rglob("*.py")):
         if path.name not in OWNERS:
             found.extend(violations(path.read_text(), path.name))
     assert found == []

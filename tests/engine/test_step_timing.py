@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from pagedserve.server.engine import step_timing
-from pagedserve.server.engine.step_timing import STEP_PHASES, StepTimer, add_phases
+from pagedserve.server.engine.worker import step_timing
+from pagedserve.server.engine.worker.step_timing import STEP_PHASES, StepTimer, add_phases
 
 
 def test_marks_book_the_time_since_the_previous_mark(monkeypatch):

@@ -30,7 +30,7 @@ from pagedserve.client.tokens import PromptCount
 from pagedserve.client.types import ChatCompletion, Completion, Usage
 from pagedserve.common.load_hints import LoadHints
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.engine.outputs import CompletionOutput
+from pagedserve.server.engine.core.outputs import CompletionOutput
 from tests.api.live_server import LiveServer
 from tests.integration.batch_items import (
     answer_text,

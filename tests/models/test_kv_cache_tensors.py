@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from pagedserve.kernels.dispatch import TORCH_OPS
-from pagedserve.server.engine.config import CacheConfig, GiB
-from pagedserve.server.engine.kv_cache import KVCache, check_max_model_len
+from pagedserve.server.engine.config.engine_config import CacheConfig, GiB
+from pagedserve.server.engine.worker.kv_cache import KVCache, check_max_model_len
 from pagedserve.server.models.config import ModelConfig
 
 CONFIG = ModelConfig.from_dict({

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pagedserve.common.block_hash import hash_block_tokens, hash_prefix_blocks
 from pagedserve.router.prefix_key import prompt_units, routing_key
-from pagedserve.server.engine.prefix_cache import update_block_hashes
-from pagedserve.server.engine.sequence import Sequence
+from pagedserve.server.engine.core.prefix_cache import update_block_hashes
+from pagedserve.server.engine.core.sequence import Sequence
 
 SYSTEM = "You are a terse assistant who answers in one line. " * 6  # 306 characters
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
 

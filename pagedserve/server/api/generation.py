@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.api.metrics import ServerMetrics
-from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.errors import RequestFailedError
 from pagedserve.server.sampling_params import SamplingParams
 

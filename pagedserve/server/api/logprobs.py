@@ -12,7 +12,7 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
-from pagedserve.server.engine.outputs import Logprob, PositionLogprobs
+from pagedserve.server.engine.core.outputs import Logprob, PositionLogprobs
 from pagedserve.server.tokenizer.base import Tokenizer
 
 # OpenAI reports a log probability of -inf (a banned token) as this finite value, which

@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from pagedserve.server.api.admission import OPEN_PATHS
-from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.step_timing import STEP_PHASES
+from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.worker.step_timing import STEP_PHASES
 from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -31,7 +31,7 @@ from pagedserve.server.api.serving_common import (
 from pagedserve.server.api.sse import stream_events
 from pagedserve.server.api.state import CONFIG_KEY
 from pagedserve.server.api.tool_parsers import NamedCall, ToolParser, ToolStream
-from pagedserve.server.engine.outputs import PositionLogprobs
+from pagedserve.server.engine.core.outputs import PositionLogprobs
 from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.chat_template import content_text
 

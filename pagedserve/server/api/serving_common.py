@@ -27,7 +27,7 @@ from pagedserve.server.api.state import (
     TRACING_KEY,
 )
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS, ToolParser
-from pagedserve.server.engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from pagedserve.server.engine.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from pagedserve.server.api.serving_common import (
     usage,
 )
 from pagedserve.server.api.sse import stream_events
-from pagedserve.server.engine.outputs import PositionLogprobs, RequestOutput
+from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 
 OBJECT = "text_completion"

@@ -34,7 +34,7 @@ from pagedserve.server.api.serving_common import (
     sampling_params,
 )
 from pagedserve.server.api.sse import stream_typed_events
-from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from pagedserve.common import otel
-from pagedserve.server.engine.outputs import RequestOutput
+from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.scheduler_stats import SchedulerStats
+from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.scheduler_stats import SchedulerStats
 
 
 @dataclass(slots=True)

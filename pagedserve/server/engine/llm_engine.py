@@ -18,23 +18,23 @@ from typing import Any
 
 import torch
 
-from pagedserve.server.engine.admission import check_context_length
-from pagedserve.server.engine.beam_search import BeamState
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
+from pagedserve.server.engine.core.admission import check_context_length
+from pagedserve.server.engine.core.beam_search import BeamState
+from pagedserve.server.engine.core.kv_projection import projected_usage
+from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.scheduler import Scheduler
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
-from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
-from pagedserve.server.engine.kv_cache import KVCache, resolve_kv_cache_dtype
-from pagedserve.server.engine.kv_projection import projected_usage
-from pagedserve.server.engine.model_runner import ModelRunner
 from pagedserve.server.engine.output_processor import OutputProcessor
-from pagedserve.server.engine.outputs import RequestOutput
-from pagedserve.server.engine.parallel_info import ParallelInfo
-from pagedserve.server.engine.parallel_launcher import WorkerGroup
-from pagedserve.server.engine.scheduler import Scheduler
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup
-from pagedserve.server.engine.step_timing import StepTimer
-from pagedserve.server.engine.token_sampling import SampledBatch, SamplingPlan, TokenSampler
+from pagedserve.server.engine.parallel.info import ParallelInfo
+from pagedserve.server.engine.parallel.launcher import WorkerGroup
+from pagedserve.server.engine.sample.token_sampling import SampledBatch, SamplingPlan, TokenSampler
+from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
+from pagedserve.server.engine.worker.kv_cache import KVCache, resolve_kv_cache_dtype
+from pagedserve.server.engine.worker.model_runner import ModelRunner
+from pagedserve.server.engine.worker.step_timing import StepTimer
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model

@@ -15,57 +15,19 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedserve.server.engine.beam_search import BeamCandidates
-from pagedserve.server.engine.outputs import Logprob, PositionLogprobs
-from pagedserve.server.engine.prompt_logprobs import PromptChunk, prompt_logprobs
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.core.outputs import Logprob, PositionLogprobs
+from pagedserve.server.engine.core.scheduler_output import (
+    BeamStep,
+    Draw,
+    SampledBatch,
+    SampledToken,
+    SchedulerOutput,
+)
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.sample.prompt_logprobs import PromptChunk, prompt_logprobs
 from pagedserve.server.sampling.metadata import SamplingMetadata, SamplingRow
 from pagedserve.server.sampling.sampler import Sampler, SamplerOutput
 from pagedserve.server.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class Draw:
-    """One sampler row: the sequence it extends and the sample index it stands for."""
-
-    seq: Sequence
-    group: SequenceGroup
-    index: int
-    forks: bool  # a new sample forked from ``seq`` rather than ``seq`` itself
-
-
-@dataclass(slots=True)
-class SampledToken:
-    """A token chosen for ``draw``: its raw logprob and the logprobs the request reports."""
-
-    draw: Draw
-    token_id: int
-    logprob: float
-    position: PositionLogprobs | None
-
-
-@dataclass(slots=True)
-class BeamStep:
-    """One beam search request's beams this step and their best continuations."""
-
-    group: SequenceGroup
-    beams: list[Sequence]
-    candidates: BeamCandidates
-
-
-@dataclass(slots=True)
-class SampledBatch:
-    """What the sampler chose in one step, for ``Scheduler.update_from_output``."""
-
-    tokens: list[SampledToken] = field(default_factory=list)
-    beams: list[BeamStep] = field(default_factory=list)
-    prompt_positions: list[tuple[SequenceGroup, list[PositionLogprobs]]] = field(
-        default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.tokens) + sum(len(b.beams) for b in self.beams)
 
 
 @dataclass(slots=True)

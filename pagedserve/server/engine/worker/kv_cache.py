@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from pagedserve.kernels.dispatch import KernelOps
-from pagedserve.server.engine.config import KV_CACHE_DTYPES
-from pagedserve.server.engine.host_memory import advise_huge_pages
+from pagedserve.server.engine.config.engine_config import KV_CACHE_DTYPES
+from pagedserve.server.engine.worker.host_memory import advise_huge_pages
 from pagedserve.server.models.config import DTYPES, ModelConfig
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.config import CacheConfig
+    from pagedserve.server.engine.config.engine_config import CacheConfig
 
 BlockMapping = Sequence[tuple[int, int]]
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import torch
 
-from pagedserve.server.engine.model_input import ModelInput
-from pagedserve.server.engine.model_runner import ModelRunner
-from pagedserve.server.engine.scheduler_output import BlockMapping, SchedulerOutput
+from pagedserve.server.engine.core.scheduler_output import BlockMapping, SchedulerOutput
+from pagedserve.server.engine.worker.model_input import ModelInput
+from pagedserve.server.engine.worker.model_runner import ModelRunner
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 
 

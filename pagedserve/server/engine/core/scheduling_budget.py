@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 class SchedulingBudget:

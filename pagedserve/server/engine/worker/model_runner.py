@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.model_input import ModelInput, prepare_model_input
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.step_timing import StepTimer
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.worker.kv_cache import KVCache
+from pagedserve.server.engine.worker.model_input import ModelInput, prepare_model_input
+from pagedserve.server.engine.worker.step_timing import StepTimer
 
 
 class ModelRunner:

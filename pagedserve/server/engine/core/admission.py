@@ -4,9 +4,9 @@ scheduler sees it; the scheduler checks the whole when the request is added."""
 
 from __future__ import annotations
 
-from pagedserve.server.engine.block_manager import BlockManager
-from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.sequence import SequenceGroup
+from pagedserve.server.engine.config.engine_config import SchedulerConfig
+from pagedserve.server.engine.core.block_manager import BlockManager
+from pagedserve.server.engine.core.sequence import SequenceGroup
 from pagedserve.server.errors import InvalidRequestError
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pagedserve.server.engine.block import FreeBlockQueue, KVCacheBlock
-from pagedserve.server.engine.prefix_cache import BlockHash
+from pagedserve.server.engine.core.block import FreeBlockQueue, KVCacheBlock
+from pagedserve.server.engine.core.prefix_cache import BlockHash
 from pagedserve.server.errors import BlockAllocationError
 
 

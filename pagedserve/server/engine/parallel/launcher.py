@@ -27,11 +27,9 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.engine_args import EngineArgs, resolve_device
-from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.model_runner import ModelRunner
-from pagedserve.server.engine.parallel_rendezvous import (
+from pagedserve.server.engine.config.engine_args import EngineArgs, resolve_device
+from pagedserve.server.engine.config.engine_config import SchedulerConfig
+from pagedserve.server.engine.parallel.rendezvous import (
     Rendezvous,
     destroy_group,
     env_rendezvous,
@@ -40,10 +38,12 @@ from pagedserve.server.engine.parallel_rendezvous import (
     launched_rank,
     rank_device,
 )
-from pagedserve.server.engine.parallel_runner import TensorParallelRunner
-from pagedserve.server.engine.parallel_watchdog import WorkerWatchdog, describe_exit
-from pagedserve.server.engine.parallel_worker import KVBlocks, KVPlan, WorkerInit, worker_process
-from pagedserve.server.engine.step_message import StepKind, StepMessage, send_step
+from pagedserve.server.engine.parallel.runner import TensorParallelRunner
+from pagedserve.server.engine.parallel.step_message import StepKind, StepMessage, send_step
+from pagedserve.server.engine.parallel.watchdog import WorkerWatchdog, describe_exit
+from pagedserve.server.engine.parallel.worker import KVBlocks, KVPlan, WorkerInit, worker_process
+from pagedserve.server.engine.worker.kv_cache import KVCache
+from pagedserve.server.engine.worker.model_runner import ModelRunner
 from pagedserve.server.errors import WorkerFailedError
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.loader import resolve_dtype

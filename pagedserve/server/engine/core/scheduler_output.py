@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.server.engine.outputs import PositionLogprobs
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+from pagedserve.server.engine.core.beam_search import BeamCandidates
+from pagedserve.server.engine.core.outputs import PositionLogprobs
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 
 BlockMapping = list[tuple[int, int]]
 
@@ -111,3 +112,46 @@ class StepUpdate:
 
     def touch(self, group: SequenceGroup) -> None:
         self.groups.setdefault(group.request_id, group)
+
+
+@dataclass(slots=True)
+class Draw:
+    """One sampler row: the sequence it extends and the sample index it stands for."""
+
+    seq: Sequence
+    group: SequenceGroup
+    index: int
+    forks: bool  # a new sample forked from ``seq`` rather than ``seq`` itself
+
+
+@dataclass(slots=True)
+class SampledToken:
+    """A token chosen for ``draw``: its raw logprob and the logprobs the request reports."""
+
+    draw: Draw
+    token_id: int
+    logprob: float
+    position: PositionLogprobs | None
+
+
+@dataclass(slots=True)
+class BeamStep:
+    """One beam search request's beams this step and their best continuations."""
+
+    group: SequenceGroup
+    beams: list[Sequence]
+    candidates: BeamCandidates
+
+
+@dataclass(slots=True)
+class SampledBatch:
+    """What the sampler chose in one step, for ``Scheduler.update_from_output``."""
+
+    tokens: list[SampledToken] = field(default_factory=list)
+    beams: list[BeamStep] = field(default_factory=list)
+    prompt_positions: list[tuple[SequenceGroup, list[PositionLogprobs]]] = field(
+        default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens) + sum(len(b.beams) for b in self.beams)

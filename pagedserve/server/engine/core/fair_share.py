@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from pagedserve.server.engine.sequence import SequenceGroup
+from pagedserve.server.engine.core.sequence import SequenceGroup
 
 
 class TenantShares:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pagedserve.server.engine.scheduler_output import SchedulerOutput, StepUpdate
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput, StepUpdate
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.errors import BlockAllocationError
 from pagedserve.server.sampling.stop_conditions import check_stop_token
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.token_sampling import BeamStep, SampledBatch, SampledToken
+    from pagedserve.server.engine.core.scheduler_output import BeamStep, SampledBatch, SampledToken
 
 RUNNING = SequenceStatus.RUNNING
 _STATUS_BY_REASON = {

@@ -12,22 +12,22 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 
-from pagedserve.server.engine.block_pool import BlockPool
-from pagedserve.server.engine.config import CacheConfig
-from pagedserve.server.engine.integrity import check_block_integrity
-from pagedserve.server.engine.kv_allocation import (
+from pagedserve.server.engine.config.engine_config import CacheConfig
+from pagedserve.server.engine.core.block_pool import BlockPool
+from pagedserve.server.engine.core.integrity import check_block_integrity
+from pagedserve.server.engine.core.kv_allocation import (
     KVAllocationPolicy,
     PagedAllocation,
     cdiv,
     make_kv_allocation,
 )
-from pagedserve.server.engine.prefix_cache import (
+from pagedserve.server.engine.core.prefix_cache import (
     PrefixCacheStats,
     max_cache_hit_blocks,
     update_block_hashes,
 )
-from pagedserve.server.engine.scheduler_stats import KVCacheUsage, PoolUsage
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.scheduler_stats import KVCacheUsage, PoolUsage
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.errors import BlockAllocationError
 
 BlockMapping = list[tuple[int, int]]

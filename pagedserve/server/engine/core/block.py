@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from pagedserve.server.engine.prefix_cache import BlockHash
+from pagedserve.server.engine.core.prefix_cache import BlockHash
 
 
 @dataclass(slots=True, eq=False)

@@ -7,11 +7,11 @@ from typing import Literal
 
 GiB = 1 << 30
 MAX_BLOCK_SIZE = 256
-# The KV cache's element type: auto is the model's dtype (engine/kv_cache.py).
+# The KV cache's element type: auto is the model's dtype (engine/worker/kv_cache.py).
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Used on CPU when neither num_kv_blocks nor kv_cache_memory is given: enough for a small model
 # without starving the weights. On CUDA the engine sizes the cache from gpu_memory_utilization
-# instead (engine/gpu_memory.py).
+# instead (engine/worker/gpu_memory.py).
 DEFAULT_KV_CACHE_MEMORY = 1 * GiB
 
 KVAllocationName = Literal["paged", "contiguous"]

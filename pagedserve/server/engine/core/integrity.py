@@ -7,12 +7,12 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.block_manager import BlockManager
-    from pagedserve.server.engine.block_pool import BlockPool
-    from pagedserve.server.engine.scheduler import Scheduler
+    from pagedserve.server.engine.core.block_manager import BlockManager
+    from pagedserve.server.engine.core.block_pool import BlockPool
+    from pagedserve.server.engine.core.scheduler import Scheduler
 
 RUNNING = SequenceStatus.RUNNING
 SWAPPED = SequenceStatus.SWAPPED

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pagedserve.server.engine.outputs import PositionLogprobs
+from pagedserve.server.engine.core.outputs import PositionLogprobs
 from pagedserve.server.sampling.stop_conditions import StopChecker
 from pagedserve.server.tokenizer.detokenizer import IncrementalDetokenizer
 

@@ -17,12 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.server.engine.config import SchedulerConfig
-from pagedserve.server.engine.engine_args import EngineArgs, resolve_kv_cache_prefault
-from pagedserve.server.engine.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
-from pagedserve.server.engine.kv_cache import KVCache, resolve_kv_cache_dtype
-from pagedserve.server.engine.model_runner import ModelRunner
-from pagedserve.server.engine.parallel_rendezvous import (
+from pagedserve.server.engine.config.engine_args import EngineArgs, resolve_kv_cache_prefault
+from pagedserve.server.engine.config.engine_config import SchedulerConfig
+from pagedserve.server.engine.parallel.rendezvous import (
     WORKER_WAIT,
     Rendezvous,
     destroy_group,
@@ -31,8 +28,11 @@ from pagedserve.server.engine.parallel_rendezvous import (
     join_store,
     rank_device,
 )
-from pagedserve.server.engine.parallel_watchdog import watch_parent
-from pagedserve.server.engine.step_message import StepKind, receive_step, run_step
+from pagedserve.server.engine.parallel.step_message import StepKind, receive_step, run_step
+from pagedserve.server.engine.parallel.watchdog import watch_parent
+from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
+from pagedserve.server.engine.worker.kv_cache import KVCache, resolve_kv_cache_dtype
+from pagedserve.server.engine.worker.model_runner import ModelRunner
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_layers import shard_config
 

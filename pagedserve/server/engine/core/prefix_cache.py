@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pagedserve.common.block_hash import BlockHash, hash_block_tokens
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.sequence import Sequence
+    from pagedserve.server.engine.core.sequence import Sequence
 
 __all__ = ["BlockHash", "PrefixCacheStats", "hash_block_tokens", "max_cache_hit_blocks",
            "update_block_hashes"]

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.server.engine.outputs import Logprob, PositionLogprobs
-from pagedserve.server.engine.scheduler_output import ScheduledSequence
-from pagedserve.server.engine.sequence import SequenceGroup
+from pagedserve.server.engine.core.outputs import Logprob, PositionLogprobs
+from pagedserve.server.engine.core.scheduler_output import ScheduledSequence
+from pagedserve.server.engine.core.sequence import SequenceGroup
 
 
 @dataclass(slots=True)

@@ -8,7 +8,11 @@ import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pagedserve.server.engine.config import KV_CACHE_DTYPES, CacheConfig, SchedulerConfig
+from pagedserve.server.engine.config.engine_config import (
+    KV_CACHE_DTYPES,
+    CacheConfig,
+    SchedulerConfig,
+)
 from pagedserve.server.models.model_path import SMOLLM2_INSTALL, SMOLLM2_NAME
 
 if TYPE_CHECKING:

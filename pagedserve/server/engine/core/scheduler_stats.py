@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.block_pool import BlockPool
-    from pagedserve.server.engine.sequence import Sequence
+    from pagedserve.server.engine.core.block_pool import BlockPool
+    from pagedserve.server.engine.core.sequence import Sequence
 
 
 @dataclass(slots=True, frozen=True)

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.server.engine.sequence import SequenceStatus
+from pagedserve.server.engine.core.sequence import SequenceStatus
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.block_pool import BlockPool
-    from pagedserve.server.engine.scheduler import Scheduler
-    from pagedserve.server.engine.sequence import Sequence, SequenceGroup
+    from pagedserve.server.engine.core.block_pool import BlockPool
+    from pagedserve.server.engine.core.scheduler import Scheduler
+    from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 
 
 @dataclass(slots=True)

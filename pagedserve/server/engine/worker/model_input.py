@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.models.attention import AttentionMetadata
 
 

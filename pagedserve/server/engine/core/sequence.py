@@ -7,13 +7,13 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from pagedserve.server.engine.outputs import PositionLogprobs, RequestMetrics
-from pagedserve.server.engine.prefix_cache import BlockHash
+from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestMetrics
+from pagedserve.server.engine.core.prefix_cache import BlockHash
 from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.beam_search import BeamState
-    from pagedserve.server.engine.text_state import TextState
+    from pagedserve.server.engine.core.beam_search import BeamState
+    from pagedserve.server.engine.core.text_state import TextState
     from pagedserve.server.sampling.grammar import GrammarState
 
 

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.server.engine.kv_cache import KVCache
-from pagedserve.server.engine.model_runner import ModelRunner
-from pagedserve.server.engine.scheduler_output import SchedulerOutput
-from pagedserve.server.engine.step_message import StepMessage, run_step
-from pagedserve.server.engine.step_timing import StepTimer
+from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.parallel.step_message import StepMessage, run_step
+from pagedserve.server.engine.worker.kv_cache import KVCache
+from pagedserve.server.engine.worker.model_runner import ModelRunner
+from pagedserve.server.engine.worker.step_timing import StepTimer
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.parallel_launcher import WorkerGroup
+    from pagedserve.server.engine.parallel.launcher import WorkerGroup
 
 
 class TensorParallelRunner:

@@ -8,16 +8,20 @@ import itertools
 import time
 from collections.abc import Callable
 
-from pagedserve.server.engine.admission import check_admissible
-from pagedserve.server.engine.block_manager import AllocStatus, BlockManager
-from pagedserve.server.engine.config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.fair_share import TenantShares
-from pagedserve.server.engine.integrity import check_scheduler_integrity
-from pagedserve.server.engine.scheduler_output import ScheduledSequence, SchedulerOutput
-from pagedserve.server.engine.scheduler_stats import PreemptionStats, SchedulerStats, TokenOccupancy
-from pagedserve.server.engine.scheduler_updates import SchedulerUpdates
-from pagedserve.server.engine.scheduling_budget import SchedulingBudget
-from pagedserve.server.engine.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
+from pagedserve.server.engine.core.admission import check_admissible
+from pagedserve.server.engine.core.block_manager import AllocStatus, BlockManager
+from pagedserve.server.engine.core.fair_share import TenantShares
+from pagedserve.server.engine.core.integrity import check_scheduler_integrity
+from pagedserve.server.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+from pagedserve.server.engine.core.scheduler_stats import (
+    PreemptionStats,
+    SchedulerStats,
+    TokenOccupancy,
+)
+from pagedserve.server.engine.core.scheduler_updates import SchedulerUpdates
+from pagedserve.server.engine.core.scheduling_budget import SchedulingBudget
+from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.errors import (
     InvalidRequestError,
     QueueFullError,

@@ -1,0 +1,1 @@
+"""The engine's arguments and the validated configs they make."""

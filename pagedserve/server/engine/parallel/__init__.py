@@ -1,0 +1,1 @@
+"""Tensor parallelism: the workers, their rendezvous, the per-step message and rank 0's runner."""

@@ -1,0 +1,1 @@
+"""From logits to sampled tokens: the step's sampling plan, beams and prompt logprobs."""
