@@ -17,7 +17,7 @@ from pagedserve.kernels.cpu_quantized_linear import CPU_KERNELS, INT4_KERNEL, IN
 from pagedserve.kernels.dispatch import TORCH_OPS
 from pagedserve.kernels.quantized_linear import REFERENCE, dequantize, quantize_int8
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.engine.engine_args import EngineArgs
+from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_layers import PackableLinear
