@@ -36,7 +36,7 @@ def _corpus(seed: int, num_words: int = 60_000) -> list[str]:
     """Common English words, repeated until BPE keeps each as one token (``pagedserve bench``
     builds prompts from such words), then pseudo-words: enough distinct letter pairs for the
     rest of the vocabulary's merges."""
-    from pagedserve.loadgen.prompts import word_vocabulary
+    from pagedserve.loadgen.pieces import word_vocabulary
 
     rng = random.Random(seed)
     english = [w.strip() for w in word_vocabulary()[:2500]]

@@ -89,6 +89,13 @@ class HFTokenizerCounter:
     async def count(self, texts: Sequence[str]) -> list[int]:
         return self.count_sync(texts)
 
+    async def tokens(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    async def decode(self, token_lists: Sequence[Sequence[int]]) -> list[str]:
+        return self._tokenizer.decode_batch([list(ids) for ids in token_lists],
+                                            skip_special_tokens=False)
+
     def format_chat(self, content: str) -> str:
         """One user message through the chat template, with the generation prompt."""
         if self._template is None:

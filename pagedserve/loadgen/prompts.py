@@ -1,46 +1,23 @@
 """Prompts of exact token lengths, measured with the tokenizer the run counts with.
 
-A prompt is a run of common English words, each a single ``cl100k_base`` token with its
-leading space. Before building, a fixed sample of those words is counted with the run's
-tokenizer, once and repeated, and only the words that cost one token are kept: for
-cl100k_base all of them, for another tokenizer the ones it also keeps whole. A prompt of k
-kept words is then k tokens plus whatever the tokenizer adds (a BOS token), and the last
-adjustment is made by counting whole prompts and adding or dropping words at the tail until
-the count is exact.
+A prompt is a run of pieces that each cost one token (``pieces.py``: common English words,
+or the tokenizer's own tokens where it splits those words), so a prompt of k pieces is about
+k tokens plus whatever the tokenizer adds (a BOS token). The last adjustment is made by
+counting whole prompts and adding or dropping pieces at the tail until the count is exact.
 """
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from collections.abc import Sequence
-from functools import lru_cache
 
 import numpy as np
 
-from pagedserve.common.encoding import load_encoding
 from pagedserve.loadgen.errors import DatasetError
+from pagedserve.loadgen.pieces import select_pieces
 from pagedserve.loadgen.tokenizers import TokenCounter
 
-_WORD = re.compile(r"^ [a-z]{3,9}$")
-MAX_ROUNDS = 16
-PROBE_WORDS = 1024
-MIN_KEPT_WORDS = 64
-
-
-@lru_cache(maxsize=1)
-def word_vocabulary() -> tuple[str, ...]:
-    """Every ``cl100k_base`` token that is a space and 3–9 lowercase letters, in id order."""
-    encoding = load_encoding("cl100k_base")
-    words = []
-    for token_id in range(encoding.n_vocab):
-        try:
-            piece = encoding.decode_single_token_bytes(token_id)
-        except KeyError:  # ids with no token (gaps before the special tokens)
-            continue
-        if piece.isascii() and _WORD.match(piece.decode("ascii")):
-            words.append(piece.decode("ascii"))
-    return tuple(words)
+# Pieces that merge with their neighbours (sub-word tokens) can take a few more rounds.
+MAX_ROUNDS = 32
 
 
 class PromptBuilder:
@@ -52,26 +29,8 @@ class PromptBuilder:
         self._vocab: tuple[str, ...] = ()
 
     async def _ensure_vocab(self) -> None:
-        """Keeps the probe words the tokenizer reads as one token each: a word is kept when
-        repeating it adds exactly one token (whatever the tokenizer adds to every prompt, a
-        BOS say, cancels out). Refuses a tokenizer that splits nearly all of them, since
-        whole-word prompts could then not hit every length exactly."""
-        if self._vocab:
-            return
-        words = word_vocabulary()
-        # A fixed probe sample, so the vocabulary does not depend on the dataset's seed.
-        picks = np.random.default_rng(0).choice(len(words), size=PROBE_WORDS, replace=False)
-        probe = [words[i] for i in sorted(picks)]
-        counts = await self._counter.count(probe + [w + w for w in probe])
-        costs = [twice - once for once, twice in zip(counts[:len(probe)], counts[len(probe):])]
-        kept = tuple(w for w, cost in zip(probe, costs, strict=True) if cost == 1)
-        if len(kept) < MIN_KEPT_WORDS:
-            raise DatasetError(
-                f"tokenizer {self._counter.name!r} splits common English words: only "
-                f"{len(kept)} of {len(probe)} probe words are single tokens (most cost "
-                f"{Counter(costs).most_common(1)[0][0]}), too few to build prompts of exact "
-                f"lengths; count with a tiktoken encoding instead (--tokenizer cl100k_base)")
-        self._vocab = kept
+        if not self._vocab:
+            self._vocab = await select_pieces(self._counter)
 
     async def build(self, targets: Sequence[int], prefixes: Sequence[str] | None = None,
                     prefix_tokens: Sequence[int] | None = None) -> list[str]:
@@ -111,11 +70,11 @@ class PromptBuilder:
         if got < target:
             tail.extend(self._words(target - got))
             return True
-        excess = got - target
-        if excess > len(tail):
+        if not tail:
             raise DatasetError(
                 f"cannot fit a prompt into {target} tokens with tokenizer "
                 f"{self._counter.name!r}: the fixed part alone ({prefix[:40]!r}…) counts "
-                f"{got - len(tail)} or more tokens")
-        del tail[len(tail) - excess:]
+                f"{got} tokens")
+        # A piece costs at least one token, more where it merges badly with its neighbours.
+        del tail[max(len(tail) - (got - target), 0):]
         return True

