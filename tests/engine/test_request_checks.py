@@ -52,17 +52,17 @@ def test_max_tokens_defaults_to_the_room_the_prompt_leaves(engine: LLMEngine) ->
 
 def test_the_context_rule_is_the_schedulers(engine: LLMEngine) -> None:
     with pytest.raises(InvalidRequestError) as info:
-        engine.check_request(list(range(MAX_MODEL_LEN)), SamplingParams(max_tokens=None))
+        engine.prepare_request(list(range(MAX_MODEL_LEN)), SamplingParams(max_tokens=None))
     assert (info.value.param, info.value.message) == (
         "prompt", f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, "
         f"the prompt has {MAX_MODEL_LEN} tokens, which leaves no room for a completion. "
         f"Please reduce the prompt.")
     with pytest.raises(InvalidRequestError) as info:
-        engine.check_request([], SamplingParams())
+        engine.prepare_request([], SamplingParams())
     assert (info.value.param, info.value.message) == (
         "prompt", "the prompt must contain at least 1 token")
     with pytest.raises(InvalidRequestError) as info:
-        engine.check_request([1, VOCAB], SamplingParams())
+        engine.prepare_request([1, VOCAB], SamplingParams())
     assert info.value.message == f"prompt token id {VOCAB} is out of range for a vocabulary " \
                                  f"of {VOCAB}"
 

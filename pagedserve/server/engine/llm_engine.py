@@ -169,11 +169,6 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises InvalidRequestError for a request this engine can never serve; changes
-        nothing and may run in any thread (the server checks large prompts off its loop)."""
-        self.prepare_request(prompt_token_ids, params)
-
     def prepare_request(self, prompt_token_ids: list[int],
                         params: SamplingParams) -> PreparedRequest:
         """The request checked once, with its final parameters: ``max_tokens`` defaults to
