@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.engine.llm_engine import PreparedRequest
+from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 

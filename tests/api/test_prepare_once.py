@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from pagedserve.server.api import jsonio
-from pagedserve.server.engine import llm_engine
+from pagedserve.server.engine.core import request_preparation
 from pagedserve.server.sampling_params import SamplingParams
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
@@ -29,9 +29,9 @@ ROUTES = [
 def counts(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Calls of ``validate_token_ids`` and of the bad-words tokenization, from any thread."""
     counts: Counter[str] = Counter()
-    validate = llm_engine.validate_token_ids
-    engine = server.engine.engine
-    tokenize_bad_words = engine.bad_words_token_ids
+    validate = request_preparation.validate_token_ids
+    preparer = server.engine.engine.requests
+    tokenize_bad_words = preparer.bad_words_token_ids
 
     def counted_validate(*args: Any) -> None:
         counts["validate_token_ids"] += 1
@@ -41,8 +41,8 @@ def counts(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         counts["bad_words_token_ids"] += 1
         return tokenize_bad_words(params)
 
-    monkeypatch.setattr(llm_engine, "validate_token_ids", counted_validate)
-    monkeypatch.setattr(engine, "bad_words_token_ids", counted_bad_words)
+    monkeypatch.setattr(request_preparation, "validate_token_ids", counted_validate)
+    monkeypatch.setattr(preparer, "bad_words_token_ids", counted_bad_words)
     return counts
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.engine import llm_engine
 from pagedserve.server.engine.async_engine import AsyncEngine
 from pagedserve.server.engine.config.engine_args import EngineArgs
+from pagedserve.server.engine.core import request_preparation
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams
@@ -32,13 +32,13 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
 def validations(monkeypatch: pytest.MonkeyPatch) -> list[SamplingParams]:
     """The params of every ``validate_token_ids`` call the engine makes."""
     calls: list[SamplingParams] = []
-    check = llm_engine.validate_token_ids
+    check = request_preparation.validate_token_ids
 
     def counted(params: SamplingParams, *args: object) -> None:
         calls.append(params)
         check(params, *args)
 
-    monkeypatch.setattr(llm_engine, "validate_token_ids", counted)
+    monkeypatch.setattr(request_preparation, "validate_token_ids", counted)
     return calls
 
 

@@ -23,7 +23,7 @@ from pagedserve.server.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from pagedserve.server.api.tracing import ServerTracing
     from pagedserve.server.engine.async_engine import AsyncEngine, RequestStream
-    from pagedserve.server.engine.llm_engine import PreparedRequest
+    from pagedserve.server.engine.core.request_preparation import PreparedRequest
 
 _Item = tuple[int, RequestOutput | BaseException]
 

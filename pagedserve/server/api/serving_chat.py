@@ -32,7 +32,7 @@ from pagedserve.server.api.sse import stream_events
 from pagedserve.server.api.state import CONFIG_KEY
 from pagedserve.server.api.tool_parsers import NamedCall, ToolParser, ToolStream
 from pagedserve.server.engine.core.outputs import PositionLogprobs
-from pagedserve.server.engine.llm_engine import PreparedRequest
+from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.chat_template import content_text
 

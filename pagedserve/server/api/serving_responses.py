@@ -35,7 +35,7 @@ from pagedserve.server.api.serving_common import (
 )
 from pagedserve.server.api.sse import stream_typed_events
 from pagedserve.server.engine.core.outputs import RequestOutput
-from pagedserve.server.engine.llm_engine import PreparedRequest
+from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.sampling_params import SamplingParams
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
-from pagedserve.server.engine.llm_engine import LLMEngine, PreparedRequest
+from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.errors import EngineDeadError, InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams
 
