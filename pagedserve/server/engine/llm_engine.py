@@ -26,9 +26,8 @@ from pagedserve.server.engine.core.request_preparation import PreparedRequest, R
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
-from pagedserve.server.engine.engine_stats import EngineStats, StepStats
+from pagedserve.server.engine.engine_stats import EngineStats, ParallelInfo, StepStats
 from pagedserve.server.engine.output_processor import OutputProcessor
-from pagedserve.server.engine.parallel.info import ParallelInfo
 from pagedserve.server.engine.parallel.launcher import WorkerGroup
 from pagedserve.server.engine.sample.token_sampling import SampledBatch, SamplingPlan, TokenSampler
 from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
