@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 
@@ -38,15 +39,15 @@ async def tokenize(server: LiveServer, messages: list[dict[str, str]]) -> list[i
 
 def record_prompts(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     engine = server.engine
-    add_request = engine.add_request
+    add_prepared = engine.add_prepared
     prompts: list[list[int]] = []
 
-    def recording(request_id: str, prompt_token_ids: list[int], *args: Any,
+    def recording(request_id: str, request: PreparedRequest, *args: Any,
                   **kwargs: Any) -> Any:
-        prompts.append(list(prompt_token_ids))
-        return add_request(request_id, prompt_token_ids, *args, **kwargs)
+        prompts.append(list(request.prompt_token_ids))
+        return add_prepared(request_id, request, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "add_request", recording)
+    monkeypatch.setattr(engine, "add_prepared", recording)
     return prompts
 
 

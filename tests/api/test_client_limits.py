@@ -194,14 +194,14 @@ async def test_a_requests_prompt_tokens_are_bounded(shared_server: LiveServer) -
 async def test_each_key_is_its_own_tenant_in_the_engine(
         shared_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = shared_server.engine
-    add_request = engine.add_request
+    add_prepared = engine.add_prepared
     tenants: list[str | None] = []
 
     def recording(*args: Any, tenant: str | None = None, **kwargs: Any) -> Any:
         tenants.append(tenant)
-        return add_request(*args, tenant=tenant, **kwargs)
+        return add_prepared(*args, tenant=tenant, **kwargs)
 
-    monkeypatch.setattr(engine, "add_request", recording)
+    monkeypatch.setattr(engine, "add_prepared", recording)
     for key in (KEYS[1], KEYS[0]):
         assert (await post(shared_server, "/v1/completions", {
             "model": MODEL, "prompt": ["a", "b"], "max_tokens": 1}, key))[0] == 200

@@ -189,7 +189,7 @@ def test_bad_words_are_never_generated(llm: LLM, llama: tuple) -> None:
     banned = tokenizer.decode([first])
     params = SamplingParams(temperature=0.0, max_tokens=16, bad_words=[banned])
     out = llm.generate(prompt, params)[0].outputs[0]
-    assert [first] in llm.engine.bad_words_token_ids(params)
+    assert [first] in llm.engine.requests.bad_words_token_ids(params)
     assert first not in out.token_ids
     assert out.token_ids != base.token_ids
 
@@ -199,7 +199,7 @@ def test_bad_words_outside_the_vocabulary_are_refused_on_arrival(
     # A tokenizer larger than the model's vocabulary: the sampler does not check ids each
     # step, so the request must be refused before it is scheduled.
     vocab = llm.engine.model_config.vocab_size
-    monkeypatch.setattr(llm.engine, "bad_words_token_ids", lambda params: [[5, vocab]])
+    monkeypatch.setattr(llm.engine.requests, "bad_words_token_ids", lambda params: [[5, vocab]])
     params = SamplingParams(temperature=0.0, max_tokens=4, bad_words=["x"])
     with pytest.raises(InvalidRequestError,
                        match=rf"^bad_words must hold token ids in \[0, {vocab}\), got {vocab}$"):

@@ -8,6 +8,7 @@ from engine_fakes import FakeRunner, make_group
 
 from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
 from pagedserve.server.engine.core.kv_projection import (
+    CachedProjection,
     Demands,
     peak_growth_blocks,
     projected_blocks,
@@ -118,3 +119,22 @@ def test_growth_peaks_where_a_sequence_ends() -> None:
     ended = Demands()
     ended.add(num_tokens=5, remaining=0, held=2, private=2)
     assert peak_growth_blocks(ended, 4) == 0
+
+
+def test_the_cached_projection_follows_the_requests_held_and_the_clock() -> None:
+    scheduler = make_scheduler(num_blocks=16)
+    now = [0.0]
+    cached = CachedProjection(scheduler, every_s=1.0, clock=lambda: now[0])
+    assert cached.usage() == 0.0
+    add(scheduler, "a", [1, 2, 3], 5)  # one request waiting: computed again
+    assert cached.usage() == projected_usage(scheduler) == 2 / 16
+    scheduler.schedule()  # running now: computed again
+    add(scheduler, "b", [1, 2], 2)
+    before = projected_usage(scheduler)
+    assert cached.usage() == before
+    scheduler.abort("b")
+    add(scheduler, "c", list(range(1, 13)), 20)  # as many held, a larger projection
+    assert projected_usage(scheduler) > before
+    assert cached.usage() == before  # the last value until the clock moves on
+    now[0] = 1.0
+    assert cached.usage() == projected_usage(scheduler)

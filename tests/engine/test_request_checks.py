@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.engine import llm_engine
 from pagedserve.server.engine.async_engine import AsyncEngine
 from pagedserve.server.engine.config.engine_args import EngineArgs
+from pagedserve.server.engine.core import request_preparation
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams
@@ -32,13 +32,13 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
 def validations(monkeypatch: pytest.MonkeyPatch) -> list[SamplingParams]:
     """The params of every ``validate_token_ids`` call the engine makes."""
     calls: list[SamplingParams] = []
-    check = llm_engine.validate_token_ids
+    check = request_preparation.validate_token_ids
 
     def counted(params: SamplingParams, *args: object) -> None:
         calls.append(params)
         check(params, *args)
 
-    monkeypatch.setattr(llm_engine, "validate_token_ids", counted)
+    monkeypatch.setattr(request_preparation, "validate_token_ids", counted)
     return calls
 
 
@@ -52,17 +52,17 @@ def test_max_tokens_defaults_to_the_room_the_prompt_leaves(engine: LLMEngine) ->
 
 def test_the_context_rule_is_the_schedulers(engine: LLMEngine) -> None:
     with pytest.raises(InvalidRequestError) as info:
-        engine.check_request(list(range(MAX_MODEL_LEN)), SamplingParams(max_tokens=None))
+        engine.prepare_request(list(range(MAX_MODEL_LEN)), SamplingParams(max_tokens=None))
     assert (info.value.param, info.value.message) == (
         "prompt", f"This model's maximum context length is {MAX_MODEL_LEN} tokens. However, "
         f"the prompt has {MAX_MODEL_LEN} tokens, which leaves no room for a completion. "
         f"Please reduce the prompt.")
     with pytest.raises(InvalidRequestError) as info:
-        engine.check_request([], SamplingParams())
+        engine.prepare_request([], SamplingParams())
     assert (info.value.param, info.value.message) == (
         "prompt", "the prompt must contain at least 1 token")
     with pytest.raises(InvalidRequestError) as info:
-        engine.check_request([1, VOCAB], SamplingParams())
+        engine.prepare_request([1, VOCAB], SamplingParams())
     assert info.value.message == f"prompt token id {VOCAB} is out of range for a vocabulary " \
                                  f"of {VOCAB}"
 

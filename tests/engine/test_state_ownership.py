@@ -18,7 +18,7 @@ from pagedserve.server.engine.core.block import KVCacheBlock
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 
 ENGINE = Path(__file__).resolve().parents[2] / "pagedserve" / "server" / "engine"
-# The scheduler (two files), the block manager with its pools and blocks, and Sequence's
+# The scheduler and its step updater, the block manager with its pools and blocks, and Sequence's
 # own methods.
 OWNERS = {"scheduler.py", "scheduler_updates.py", "block_manager.py", "block_pool.py",
           "block.py", "sequence.py"}

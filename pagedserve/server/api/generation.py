@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.api.metrics import ServerMetrics
@@ -22,6 +23,7 @@ from pagedserve.server.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from pagedserve.server.api.tracing import ServerTracing
     from pagedserve.server.engine.async_engine import AsyncEngine, RequestStream
+    from pagedserve.server.engine.core.request_preparation import PreparedRequest
 
 _Item = tuple[int, RequestOutput | BaseException]
 
@@ -50,12 +52,16 @@ class GenerationBatch:
         self._active.discard(self)
         self._abort_unfinished()
 
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+    def add(self, request_id: str, request: PreparedRequest, params: SamplingParams,
             prompt: str | None, grammar: Any = None) -> None:
-        """Submits one engine request; raises the engine's errors at once. ``grammar``:
-        ``params.structured_outputs`` compiled (``AsyncEngine.compile_grammar``)."""
-        stream = self._engine.add_request(request_id, prompt_token_ids, params, prompt=prompt,
-                                          tenant=self._tenant, grammar=grammar)
+        """Submits one engine request ``AsyncEngine.prepare_request`` checked; raises the
+        engine's errors at once. ``params``: as the client gave them (what metrics and
+        traces report); ``grammar``: their ``structured_outputs`` compiled
+        (``AsyncEngine.compile_grammar``)."""
+        if grammar is not None:
+            request = replace(request, grammar=grammar)
+        stream = self._engine.add_prepared(request_id, request, prompt=prompt,
+                                           tenant=self._tenant)
         self._streams.append(stream)
         self._params.append(params)
         self._unfinished.add(request_id)

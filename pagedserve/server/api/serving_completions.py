@@ -36,15 +36,17 @@ OBJECT = "text_completion"
 
 
 class _Prompt:
-    """A prompt as the engine takes it, and its text for ``echo``."""
+    """A prompt as the engine takes it (prepared: checked once, with its final parameters),
+    and its text for ``echo``."""
 
-    __slots__ = ("text", "token_ids")
+    __slots__ = ("request", "text", "token_ids")
 
     def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool,
-                 encoding: PromptEncoding) -> None:
+                 encoding: PromptEncoding, params: SamplingParams) -> None:
         ids = (serving.tokenizer.encode(prompt, add_special_tokens=encoding.add_special_tokens)
                if isinstance(prompt, str) else prompt)
         self.token_ids = encoding.truncate(ids, serving.engine.max_model_len)
+        self.request = serving.engine.prepare_request(self.token_ids, params)
         if isinstance(prompt, str) and len(self.token_ids) == len(ids):
             self.text: str | None = prompt
         else:  # token ids, or what truncation left: its text only where echo needs it
@@ -67,7 +69,7 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
                            response_id(request, "cmpl-", req.request_id))
     async with serving.batch() as batch:
         for i, prompt in enumerate(prompts):
-            batch.add(f"{request_id}-{i}", prompt.token_ids, params, prompt.text,
+            batch.add(f"{request_id}-{i}", prompt.request, params, prompt.text,
                       grammar=grammar)
         if req.stream:
             await batch.admitted()
@@ -77,10 +79,8 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
 
 
 def _prompts(serving: Serving, req: CompletionRequest, params: SamplingParams) -> list[_Prompt]:
-    prompts = [_Prompt(serving, p, req.echo, req.encoding) for p in req.prompts]
-    for prompt in prompts:  # here, off the event loop for a large body, not in batch.add
-        serving.engine.check_request(prompt.token_ids, params)
-    return prompts
+    # Run off the event loop for a large body; the engine takes each prepared request as is.
+    return [_Prompt(serving, p, req.echo, req.encoding, params) for p in req.prompts]
 
 
 def _params(req: CompletionRequest) -> SamplingParams:

@@ -35,6 +35,7 @@ from pagedserve.server.api.serving_common import (
 )
 from pagedserve.server.api.sse import stream_typed_events
 from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.sampling_params import SamplingParams
 
 
@@ -44,17 +45,17 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     serving.check_model(req.model)
     params = sampling_params(req.sampling, max_tokens=req.max_output_tokens, logprobs=None)
 
-    def encode_and_check() -> tuple[str, list[int]]:
+    def encode_and_prepare() -> tuple[str, PreparedRequest]:
         text, token_ids = encode_chat(serving, req.messages, ChatRendering())
-        serving.engine.check_request(token_ids, params)  # off the loop for a large body
-        return text, token_ids
+        # Off the loop for a large body, and once: the engine takes the prepared request.
+        return text, serving.engine.prepare_request(token_ids, params)
 
-    text, token_ids = await serving.tokenization(request, encode_and_check)
-    check_prompt_tokens(serving.limits, len(token_ids), "input")
+    text, prepared = await serving.tokenization(request, encode_and_prepare)
+    check_prompt_tokens(serving.limits, len(prepared.prompt_token_ids), "input")
     grammar = await serving.engine.compile_grammar(params)
     view = _ResponseView(serving, req, params, response_id(request, "resp_", req.request_id))
     async with serving.batch() as batch:
-        batch.add(new_request_id("resp"), token_ids, params, text, grammar=grammar)
+        batch.add(new_request_id("resp"), prepared, params, text, grammar=grammar)
         if req.stream:
             await batch.admitted()
             return await stream_typed_events(request, view.stream(batch))

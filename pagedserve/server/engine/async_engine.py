@@ -21,8 +21,9 @@ from typing import Any
 
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
-from pagedserve.server.engine.llm_engine import LLMEngine, PreparedRequest
+from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.errors import EngineDeadError, InvalidRequestError
 from pagedserve.server.sampling_params import SamplingParams
 
@@ -210,10 +211,13 @@ class AsyncEngine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises InvalidRequestError for a request the engine can never serve; changes
-        nothing and may run in any thread (the server checks large prompts off its loop)."""
-        self.engine.check_request(prompt_token_ids, params)
+    def prepare_request(self, prompt_token_ids: list[int],
+                        params: SamplingParams) -> PreparedRequest:
+        """The request checked once, with its final parameters (``LLMEngine.prepare_request``):
+        InvalidRequestError for a request the engine can never serve. Changes nothing and may
+        run in any thread: the server prepares large prompts off its loop and hands the
+        result to :meth:`add_prepared`."""
+        return self.engine.prepare_request(prompt_token_ids, params)
 
     async def compile_grammar(self, params: SamplingParams) -> Any:
         """The compiled grammar of ``params.structured_outputs`` (None without one), compiled
@@ -236,14 +240,20 @@ class AsyncEngine:
                     params: SamplingParams, prompt: str | None = None,
                     cache_salt: str | None = None, tenant: str | None = None,
                     grammar: Any = None) -> RequestStream:
-        """Validates at once (InvalidRequestError, QueueFullError, EngineDeadError) and
-        returns the request's stream; the loop thread admits it before its next step.
-        ``tenant`` names whose request it is, for the scheduler's fairness between them;
-        ``grammar`` is ``params.structured_outputs`` compiled (``compile_grammar``)."""
+        """:meth:`prepare_request` then :meth:`add_prepared`; ``grammar`` is
+        ``params.structured_outputs`` compiled (``compile_grammar``)."""
+        request = replace(self.prepare_request(prompt_token_ids, params), grammar=grammar)
+        return self.add_prepared(request_id, request, prompt, cache_salt, tenant)
+
+    def add_prepared(self, request_id: str, request: PreparedRequest,
+                     prompt: str | None = None, cache_salt: str | None = None,
+                     tenant: str | None = None) -> RequestStream:
+        """Adds a request :meth:`prepare_request` checked, without checking it again, and
+        returns its stream; the loop thread admits it before its next step. Raises
+        QueueFullError or EngineDeadError at once. ``tenant`` names whose request it is,
+        for the scheduler's fairness between them."""
         if not self.is_healthy:
             raise EngineDeadError("the engine is not running")
-        request = replace(self.engine.prepare_request(prompt_token_ids, params),
-                          grammar=grammar)
         self.engine.scheduler.check_queue_room(num_arriving=self._inbox.qsize())
         stream = RequestStream(request_id, self)
         self._streams[request_id] = stream

@@ -1,4 +1,5 @@
-"""Engine-level snapshots for observers: what one step did, and where the engine stands."""
+"""Engine-level snapshots for observers: what one step did, where the engine stands, and how
+the model is split over ranks."""
 
 from __future__ import annotations
 
@@ -67,3 +68,13 @@ class EngineStats:
             max_num_batched_tokens=max_num_batched_tokens,
             kv_projected_usage=kv_projected_usage,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelInfo:
+    """What /metrics and the start-up log state about the split: fixed once the engine is up."""
+
+    tensor_parallel_size: int
+    kv_blocks_per_rank: int  # the same on every rank: the block tables are shared
+    kv_bytes_per_rank: int  # device memory of one rank's KV shard
+    cpu_kv_blocks_per_rank: int

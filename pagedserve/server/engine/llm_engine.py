@@ -10,68 +10,50 @@ what.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from pagedserve.server.engine.config.engine_args import EngineArgs
-from pagedserve.server.engine.core.admission import check_context_length
+from pagedserve.server.engine.config.engine_config import CacheConfig
 from pagedserve.server.engine.core.beam_search import BeamState
-from pagedserve.server.engine.core.kv_projection import projected_usage
+from pagedserve.server.engine.core.kv_projection import CachedProjection
 from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.request_preparation import PreparedRequest, RequestPreparer
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
-from pagedserve.server.engine.engine_stats import EngineStats, StepStats
+from pagedserve.server.engine.engine_stats import EngineStats, ParallelInfo, StepStats
 from pagedserve.server.engine.output_processor import OutputProcessor
-from pagedserve.server.engine.parallel.info import ParallelInfo
 from pagedserve.server.engine.parallel.launcher import WorkerGroup
 from pagedserve.server.engine.sample.token_sampling import SampledBatch, SamplingPlan, TokenSampler
 from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.worker.kv_cache import KVCache, resolve_kv_cache_dtype
 from pagedserve.server.engine.worker.model_runner import ModelRunner
 from pagedserve.server.engine.worker.step_timing import StepTimer
-from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.models.attention import warm_up_attention
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.model_path import resolve_model
 from pagedserve.server.models.parallel_layers import shard_config
-from pagedserve.server.sampling.grammar import GrammarCompiler, GrammarState
+from pagedserve.server.sampling.grammar import GrammarState
 from pagedserve.server.sampling.sampler import Sampler
-from pagedserve.server.sampling.validation import validate_token_ids
 from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
-# The projected KV peak is computed again at least this often while the requests held stay
-# the same in number (the load hints carry it).
-PROJECTION_EVERY_S = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedRequest:
-    """A request ``LLMEngine.prepare_request`` checked, with its final parameters, and the
-    compiled grammar of its structured output once compiled (``compile_grammar``)."""
-
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    bad_words_token_ids: list[list[int]]
-    grammar: Any = None
 
 
 class LLMEngine:
+    """Assembles the model, KV cache, scheduler, runner, sampler, output processor and
+    request preparer, and steps them."""
+
     def __init__(self, args: EngineArgs) -> None:
         started = time.perf_counter()
         self.args = args
-        torch.manual_seed(args.seed)
-        if args.cpu_threads is not None:
-            if args.cpu_threads < 1:
-                raise ValueError(f"cpu_threads must be at least 1, got {args.cpu_threads}")
-            torch.set_num_threads(args.cpu_threads)
+        _configure_torch(args)
         self.model_dir = resolve_model(args.model)
         self.tokenizer = None if args.skip_tokenizer_init else load_tokenizer(self.model_dir)
         # Tensor parallelism: ranks 1..N-1 start here and load their shards meanwhile.
@@ -84,57 +66,76 @@ class LLMEngine:
             group=self.workers.group, quantization=args.quantization,
         )
         self.max_model_len = self._max_model_len(args.max_model_len)
-        self.cache_config = args.cache_config()
         self.scheduler_config = args.scheduler_config(self.max_model_len)
-        if baseline is not None and self.cache_config.sized_by_memory_default:
-            # Every rank profiles its shard in step (the pass all-reduces); the least wins.
-            memory = self.workers.agree_kv_memory(
-                lambda: gpu_kv_cache_memory(
-                    self.model, shard_config(self.model_config, self.workers.size),
-                    self.scheduler_config, self.cache_config.block_size,
-                    args.gpu_memory_utilization, baseline),
-                self.scheduler_config, self.cache_config.block_size,
-                args.gpu_memory_utilization)
-            self.cache_config = replace(self.cache_config, kv_cache_memory=memory)
-        self.kv_cache = KVCache.create(
-            shard_config(self.model_config, self.workers.size), self.cache_config,
-            self.max_model_len,
-            resolve_kv_cache_dtype(args.kv_cache_dtype, self.model.dtype, self.model.kernel_ops),
-            self.device, self.model.kernel_ops,
-        )
+        self.cache_config = self._sized_cache_config(baseline)
+        self.kv_cache = self._create_kv_cache()
         self.workers.finish_startup(self.kv_cache)
-        self.scheduler = Scheduler(
-            self.scheduler_config, self.cache_config,
-            num_device_blocks=self.kv_cache.num_device_blocks,
-            num_cpu_blocks=self.kv_cache.num_cpu_blocks,
-        )
+        self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
+                                   num_device_blocks=self.kv_cache.num_device_blocks,
+                                   num_cpu_blocks=self.kv_cache.num_cpu_blocks)
         self.runner = self.workers.wrap(ModelRunner(
             self.model, self.kv_cache, self.cache_config.block_size, self.device))
-        # One sampler, seeded from --seed, so unseeded requests repeat on a fresh engine.
-        self.sampler = TokenSampler(
-            Sampler(seed=args.seed, cpu_race=self.model.kernel_ops.exponential_race,
-                    cpu_argmax=self.model.kernel_ops.argmax,
-                    top_k_top_p=self.model.kernel_ops.top_k_top_p),
-            self.model_config.vocab_size)
+        self.sampler = self._create_sampler()
         self.outputs = OutputProcessor(self.tokenizer)
+        self.requests = RequestPreparer(
+            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids,
+            self.max_model_len, args.grammar_cache_size)
+        self.kv_projection = CachedProjection(self.scheduler)
+        self._observers: list[Callable[[StepStats], None]] = []
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
         self.compile_seconds = warm_up_attention(self.model, self.cache_config.block_size,
                                                  self.model.dtype)
         self.startup_seconds = time.perf_counter() - started
         logger.info("engine ready in %.1f s (kernel compilation %.1f s; --kernel-backend torch "
                     "skips it)", self.startup_seconds, self.compile_seconds)
-        self._observers: list[Callable[[StepStats], None]] = []
-        # (when, the requests held then, the projected KV usage)
-        self._projection: tuple[float, tuple[int, int, int], float] | None = None
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        # Built on the first structured request: reading a large vocabulary's bytes takes a
-        # moment that a server never asked for structured output should not pay.
-        self._grammar_compiler: GrammarCompiler | None = None
-        self._grammar_lock = threading.Lock()
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
         return cls(args)
+
+    # -- construction steps ---------------------------------------------------------------
+
+    def _max_model_len(self, requested: int | None) -> int:
+        limit = self.model_config.max_model_len
+        if requested is None:
+            return limit
+        if requested > limit:
+            raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit} "
+                             f"positions")
+        return requested
+
+    def _sized_cache_config(self, baseline: MemorySnapshot | None) -> CacheConfig:
+        """The cache config, its KV memory measured when it is sized by the default share
+        of a GPU: every rank profiles its shard in step (the pass all-reduces); the least
+        wins."""
+        config, args = self.args.cache_config(), self.args
+        if baseline is None or not config.sized_by_memory_default:
+            return config
+        memory = self.workers.agree_kv_memory(
+            lambda: gpu_kv_cache_memory(
+                self.model, shard_config(self.model_config, self.workers.size),
+                self.scheduler_config, config.block_size, args.gpu_memory_utilization,
+                baseline),
+            self.scheduler_config, config.block_size, args.gpu_memory_utilization)
+        return replace(config, kv_cache_memory=memory)
+
+    def _create_kv_cache(self) -> KVCache:
+        kernel_ops = self.model.kernel_ops
+        dtype = resolve_kv_cache_dtype(self.args.kv_cache_dtype, self.model.dtype, kernel_ops)
+        return KVCache.create(shard_config(self.model_config, self.workers.size),
+                              self.cache_config, self.max_model_len, dtype, self.device,
+                              kernel_ops)
+
+    def _create_sampler(self) -> TokenSampler:
+        # One sampler, seeded from --seed, so unseeded requests repeat on a fresh engine.
+        ops = self.model.kernel_ops
+        return TokenSampler(
+            Sampler(seed=self.args.seed, cpu_race=ops.exponential_race, cpu_argmax=ops.argmax,
+                    top_k_top_p=ops.top_k_top_p),
+            self.model_config.vocab_size)
+
+    # -- the engine's parts ---------------------------------------------------------------
 
     def check_health(self) -> None:
         """Raises WorkerFailedError once a tensor-parallel worker is known to be gone."""
@@ -152,60 +153,17 @@ class LLMEngine:
         """Stops the tensor-parallel workers, if any. Idempotent."""
         self.workers.shutdown()
 
-    def _max_model_len(self, requested: int | None) -> int:
-        limit = self.model_config.max_model_len
-        if requested is None:
-            return limit
-        if requested > limit:
-            raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit} "
-                             f"positions")
-        return requested
-
-    def _eos_token_id(self) -> int | None:
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            return self.tokenizer.eos_token_id
-        ids = self.model_config.eos_token_ids
-        return ids[0] if ids else None
-
     # -- requests -------------------------------------------------------------------------
-
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raises InvalidRequestError for a request this engine can never serve; changes
-        nothing and may run in any thread (the server checks large prompts off its loop)."""
-        self.prepare_request(prompt_token_ids, params)
 
     def prepare_request(self, prompt_token_ids: list[int],
                         params: SamplingParams) -> PreparedRequest:
-        """The request checked once, with its final parameters: ``max_tokens`` defaults to
-        the room the prompt leaves, the checkpoint's other end tokens join
-        ``stop_token_ids`` and the bad words become token ids. Raises InvalidRequestError
-        for a request this engine can never serve; changes nothing and may run in any
-        thread. The sampler does not check the ids again."""
-        prompt_token_ids = list(prompt_token_ids)
-        n_prompt, vocab = len(prompt_token_ids), self.model_config.vocab_size
-        if params.max_tokens is None:  # a copy: the caller's params stay as given
-            params = replace(params, max_tokens=max(1, self.max_model_len - n_prompt))
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token id {bad[0]} is out of range for a vocabulary of {vocab}",
-                param="prompt",
-            )
-        extra_eos = self._extra_eos_token_ids(params)
-        if extra_eos:
-            # Checkpoints with several end tokens (Llama 3): the others stop like stop ids.
-            params = replace(params, stop_token_ids=params.stop_token_ids + extra_eos)
-        bad_words = self.bad_words_token_ids(params)
-        validate_token_ids(params, vocab, self._eos_token_id(), bad_words)
-        if params.structured_outputs is not None and self.tokenizer is None:
-            raise InvalidRequestError(
-                "structured output needs a tokenizer; the server runs without one "
-                "(--skip-tokenizer-init)", param=params.structured_outputs.source)
-        if params.use_beam_search and params.stop:
-            raise InvalidRequestError("stop strings are not supported with beam search",
-                                      param="stop")
-        check_context_length(n_prompt, params.max_tokens, self.max_model_len)
-        return PreparedRequest(prompt_token_ids, params, bad_words)
+        """The request checked once, with its final parameters (``RequestPreparer``);
+        InvalidRequestError for one this engine can never serve. Thread-safe."""
+        return self.requests.prepare(prompt_token_ids, params)
+
+    def compile_grammar(self, spec: StructuredOutputsParams) -> Any:
+        """The compiled grammar of a structured-output constraint (cached); thread-safe."""
+        return self.requests.compile_grammar(spec)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int],
                     params: SamplingParams, prompt: str | None = None,
@@ -228,35 +186,17 @@ class LLMEngine:
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
             cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
+        eos = self.requests.eos_token_id
         seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size,
                        text=self.outputs.text_state(prompt_token_ids, params),
                        grammar=None if grammar is None else GrammarState.start(grammar))
         group = SequenceGroup(
             request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
-            cache_salt=cache_salt, prompt=prompt, eos_token_id=self._eos_token_id(),
-            bad_words_token_ids=request.bad_words_token_ids,
-            beam=self._beam_state(params, len(prompt_token_ids)), tenant=tenant,
+            cache_salt=cache_salt, prompt=prompt, eos_token_id=eos,
+            bad_words_token_ids=request.bad_words_token_ids, tenant=tenant,
+            beam=BeamState.for_request(params, eos, self.max_model_len - len(prompt_token_ids)),
         )
         self.scheduler.add_seq_group(group)
-
-    def compile_grammar(self, spec: StructuredOutputsParams) -> Any:
-        """The compiled grammar of a structured-output constraint, from the bounded cache
-        when it was compiled lately; thread-safe. InvalidRequestError names what is wrong
-        with an invalid schema, regex or grammar."""
-        return self.grammar_compiler().compile(spec)
-
-    def grammar_compiler(self) -> GrammarCompiler:
-        with self._grammar_lock:
-            if self._grammar_compiler is None:
-                if self.tokenizer is None:
-                    raise InvalidRequestError("structured output needs a tokenizer",
-                                              param="structured_outputs")
-                stops = [t for t in [self._eos_token_id(), *self.model_config.eos_token_ids]
-                         if t is not None]
-                self._grammar_compiler = GrammarCompiler.for_tokenizer(
-                    self.tokenizer, self.model_config.vocab_size, stops,
-                    cache_size=self.args.grammar_cache_size)
-            return self._grammar_compiler
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Frees the request's blocks at once; returns its final output (None if unknown)."""
@@ -265,60 +205,20 @@ class LLMEngine:
             return None
         return self.outputs.final_output(group)
 
-    def _beam_state(self, params: SamplingParams, num_prompt_tokens: int) -> BeamState | None:
-        if not params.use_beam_search:
-            return None
-        eos = self._eos_token_id()
-        max_tokens = min(params.max_tokens, self.max_model_len - num_prompt_tokens)
-        return BeamState.from_params(params, frozenset() if eos is None else frozenset([eos]),
-                                     max_tokens)
-
-    def bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
-        """Each bad word as token ids, alone and after a space (as it appears mid-text)."""
-        if not params.bad_words:
-            return []
-        if self.tokenizer is None:
-            raise InvalidRequestError("bad_words needs a tokenizer", param="bad_words")
-        sequences = []
-        for word in params.bad_words:
-            for text in (word, " " + word.lstrip()):
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-                if ids and ids not in sequences:
-                    sequences.append(ids)
-        return sequences
-
-    def _extra_eos_token_ids(self, params: SamplingParams) -> list[int]:
-        if params.ignore_eos:
-            return []
-        primary = self._eos_token_id()
-        return [t for t in self.model_config.eos_token_ids
-                if t != primary and t not in params.stop_token_ids]
-
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def stats(self, with_projection: bool = False) -> EngineStats:
         """The engine's snapshot; ``with_projection`` adds the KV cache its work will need at
-        most (``kv_projection``; see ``_projected_usage`` for when it is computed again: a
-        pass over the running sequences costs about 0.7 ms at 256 of them on a CPU)."""
+        most (``CachedProjection``)."""
         return EngineStats.of(
             self.scheduler.stats(with_occupancy=False),
-            kv_projected_usage=self._projected_usage() if with_projection else None,
+            kv_projected_usage=self.kv_projection.usage() if with_projection else None,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             max_num_seqs=self.scheduler_config.max_num_seqs,
             max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens,
         )
-
-    def _projected_usage(self) -> float:
-        """Again when the requests held changed in number (an admission or an end moves the
-        projection most) or ``PROJECTION_EVERY_S`` passed; else the last value."""
-        scheduler, now = self.scheduler, time.perf_counter()
-        held = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
-        last = self._projection
-        if last is None or held != last[1] or now - last[0] >= PROJECTION_EVERY_S:
-            self._projection = last = (now, held, projected_usage(scheduler))
-        return last[2]
 
     # -- the step -------------------------------------------------------------------------
 
@@ -364,3 +264,11 @@ class LLMEngine:
         )
         for observer in self._observers:
             observer(stats)
+
+
+def _configure_torch(args: EngineArgs) -> None:
+    torch.manual_seed(args.seed)
+    if args.cpu_threads is not None:
+        if args.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be at least 1, got {args.cpu_threads}")
+        torch.set_num_threads(args.cpu_threads)

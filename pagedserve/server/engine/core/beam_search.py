@@ -65,15 +65,18 @@ class BeamState:
     done: bool = False
 
     @classmethod
-    def from_params(cls, params: SamplingParams, eos_token_ids: frozenset[int],
-                    max_tokens: int) -> BeamState:
-        return cls(
-            width=params.beam_width,
-            length_penalty=params.length_penalty,
-            early_stopping=params.early_stopping,
-            max_tokens=max_tokens,
-            eos_token_ids=frozenset() if params.ignore_eos else eos_token_ids,
-        )
+    def for_request(cls, params: SamplingParams, eos_token_id: int | None,
+                    room: int) -> BeamState | None:
+        """A request's search state, None unless it uses beam search. ``room``: the tokens
+        the context leaves after the prompt, which bounds the beams as ``max_tokens`` does."""
+        if not params.use_beam_search:
+            return None
+        ends = frozenset() if params.ignore_eos or eos_token_id is None \
+            else frozenset([eos_token_id])
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        return cls(width=params.beam_width, length_penalty=params.length_penalty,
+                   early_stopping=params.early_stopping, max_tokens=max_tokens,
+                   eos_token_ids=ends)
 
     def candidates(self, beam_scores: list[float], logprobs: torch.Tensor) -> BeamCandidates:
         """This step's best (beam, token) continuations by cumulative logprob: enough that

@@ -14,7 +14,8 @@ shared prefix once per request and every answer at its full length at once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
     from pagedserve.server.engine.core.block_pool import BlockPool
     from pagedserve.server.engine.core.scheduler import Scheduler
     from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
+
+# The projection is computed again at least this often while the requests held stay the
+# same in number (the load hints carry it).
+PROJECTION_EVERY_S = 0.05
 
 
 @dataclass(slots=True)
@@ -128,3 +133,26 @@ def projected_usage(scheduler: Scheduler) -> float:
     """``projected_blocks`` as a share of the device cache (can exceed 1)."""
     num_blocks = scheduler.block_manager.device_pool.num_blocks
     return projected_blocks(scheduler) / num_blocks if num_blocks else 0.0
+
+
+class CachedProjection:
+    """``projected_usage`` of one scheduler, computed again when the requests it holds
+    changed in number (an admission or an end moves the projection most) or ``every_s``
+    passed, else the last value: a pass over the running sequences costs about 0.7 ms at
+    256 of them on a CPU, and the server reads it after every step."""
+
+    def __init__(self, scheduler: Scheduler, every_s: float = PROJECTION_EVERY_S,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._scheduler = scheduler
+        self._every_s = every_s
+        self._clock = clock
+        # (when, the requests held then, the projected usage)
+        self._last: tuple[float, tuple[int, int, int], float] | None = None
+
+    def usage(self) -> float:
+        scheduler, now = self._scheduler, self._clock()
+        held = (scheduler.num_running, scheduler.num_waiting, scheduler.num_swapped)
+        last = self._last
+        if last is None or held != last[1] or now - last[0] >= self._every_s:
+            self._last = last = (now, held, projected_usage(scheduler))
+        return last[2]

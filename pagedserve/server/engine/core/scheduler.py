@@ -7,6 +7,7 @@ import bisect
 import itertools
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
 from pagedserve.server.engine.core.admission import check_admissible
@@ -14,25 +15,21 @@ from pagedserve.server.engine.core.block_manager import AllocStatus, BlockManage
 from pagedserve.server.engine.core.fair_share import TenantShares
 from pagedserve.server.engine.core.integrity import check_scheduler_integrity
 from pagedserve.server.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
-from pagedserve.server.engine.core.scheduler_stats import (
-    PreemptionStats,
-    SchedulerStats,
-    TokenOccupancy,
-)
-from pagedserve.server.engine.core.scheduler_updates import SchedulerUpdates
+from pagedserve.server.engine.core.scheduler_stats import PreemptionStats, SchedulerStats
+from pagedserve.server.engine.core.scheduler_updates import StepUpdater
 from pagedserve.server.engine.core.scheduling_budget import SchedulingBudget
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.errors import (
-    InvalidRequestError,
-    QueueFullError,
-)
+from pagedserve.server.errors import BlockAllocationError, InvalidRequestError, QueueFullError
+
+if TYPE_CHECKING:
+    from pagedserve.server.engine.core.scheduler_output import SampledBatch, StepUpdate
 
 RUNNING = SequenceStatus.RUNNING
 SWAPPED = SequenceStatus.SWAPPED
 WAITING = SequenceStatus.WAITING
 
 
-class Scheduler(SchedulerUpdates):
+class Scheduler:
     """Decides, step by step, which sequences compute how many tokens.
 
     Each step serves the running requests first (oldest first; when blocks run out the
@@ -45,7 +42,8 @@ class Scheduler(SchedulerUpdates):
 
     Sequence ids must be unique among live sequences; :meth:`new_seq_id` hands out ids that
     are, and :meth:`fork_seq` uses it. Applying a step's results (appending tokens, forks,
-    finishing) is the other half of the class, in ``scheduler_updates.py``.
+    finishing) is delegated to a ``StepUpdater`` (``scheduler_updates.py``) that works
+    through this class's single operations.
     """
 
     def __init__(
@@ -74,6 +72,7 @@ class Scheduler(SchedulerUpdates):
         self._clock = clock
         # Work done between steps (forks, aborts) that the next SchedulerOutput reports.
         self._pending = SchedulerOutput()
+        self._updater = StepUpdater(self, clock)
 
     # ------------------------------------------------------------------ requests
 
@@ -238,6 +237,103 @@ class Scheduler(SchedulerUpdates):
         self._retire(seq_group, output)
         output.ignored_seq_groups.append(seq_group)
 
+    # ------------------------------------------------------------------ a step's results
+
+    def update_from_output(self, out: SchedulerOutput, sampled: SampledBatch) -> StepUpdate:
+        """Apply one step: ``out`` as scheduled, ``sampled`` what the sampler chose."""
+        update = self._updater.apply(out, sampled)
+        # A fork that preempted another request is part of this step, not the next one.
+        out.preempted.extend(self._pending.preempted)
+        self._pending.preempted.clear()
+        return update
+
+    def update_after_step(self, output: SchedulerOutput) -> None:
+        self._updater.update_after_step(output)
+
+    def finish_stopped(self, stopped: list[tuple[Sequence, str]]) -> None:
+        self._updater.finish_stopped(stopped)
+
+    def finish_failed(self, groups: list[SequenceGroup]) -> None:
+        self._updater.finish_failed(groups)
+
+    # ------------------------------------------------------------------ single operations
+
+    def abort(self, request_id: str,
+              status: SequenceStatus = SequenceStatus.FINISHED_ABORTED) -> SequenceGroup | None:
+        """Finish the request (as aborted, or ``status``) wherever it is and free its blocks
+        at once.
+
+        Returns the aborted request, or None when no such request is live (it finished
+        already or never came).
+        """
+        seq_group = self._groups.get(request_id)
+        if seq_group is None:
+            return None
+        for seq in seq_group.get_unfinished_seqs():
+            self._finish(seq, status)
+        self._retire(seq_group)
+        return seq_group
+
+    def finish_seq(self, seq: Sequence, status: SequenceStatus) -> None:
+        """Finish one sequence (stop string, EOS, length) and free its blocks."""
+        if not status.is_finished:
+            raise ValueError(f"status must be a finished status, got {status.name}")
+        seq_group = self._group_of(seq)
+        if seq.status.is_finished:
+            raise ValueError(f"sequence {seq.seq_id} is already {seq.status.name}")
+        self._finish(seq, status)
+        if seq_group.is_finished():
+            self._retire(seq_group)
+
+    def fork_seq(self, parent_seq: Sequence, seq_group: SequenceGroup,
+                 new_seq_id: int | None = None, sample_index: int | None = None) -> Sequence:
+        """A new running sequence in ``seq_group`` continuing ``parent_seq``'s tokens.
+
+        Blocks are shared copy-on-write; a policy that cannot share copies them, preempting
+        the latest other arrivals if it must (``update_from_output`` reports that in its own
+        step; a sequence preempted after sampling still takes its sampled token).
+        ``new_seq_id`` defaults to :meth:`new_seq_id`; ``sample_index`` to the parent's.
+        """
+        if self._group_of(parent_seq) is not seq_group or parent_seq.status is not RUNNING:
+            raise ValueError(f"sequence {parent_seq.seq_id} is not running in request "
+                             f"{seq_group.request_id!r}")
+        seq_id = self.new_seq_id() if new_seq_id is None else new_seq_id
+        if seq_id in self._seq_groups:
+            raise ValueError(f"sequence id {seq_id} is already in use")
+        self._next_seq_id = max(self._next_seq_id, seq_id + 1)
+        while not self.block_manager.can_fork(parent_seq):
+            victims = [group for group in self.running if group is not seq_group]
+            if not victims:
+                raise BlockAllocationError(
+                    f"no device blocks left to fork sequence {parent_seq.seq_id}")
+            self._preempt(victims[-1], self._pending)
+        child = parent_seq.fork(seq_id, sample_index)
+        self._pending.blocks_to_copy.extend(self.block_manager.fork(parent_seq, child))
+        seq_group.add(child)
+        self._seq_groups[child.seq_id] = seq_group
+        return child
+
+    def free_seq(self, seq: Sequence) -> None:
+        """Drop a sequence from its request (a beam that fell out) and free its blocks."""
+        seq_group = self._group_of(seq)
+        self.block_manager.free(seq)
+        seq_group.remove(seq.seq_id)
+        del self._seq_groups[seq.seq_id]
+        if seq_group.is_finished():
+            self._retire(seq_group)
+
+    def _group_of(self, seq: Sequence) -> SequenceGroup:
+        seq_group = self._seq_groups.get(seq.seq_id)
+        if seq_group is None or all(other is not seq for other in seq_group.seqs):
+            raise ValueError(f"sequence {seq.seq_id} is not live in this scheduler")
+        return seq_group
+
+    def _finish(self, seq: Sequence, status: SequenceStatus) -> None:
+        self.block_manager.free(seq)  # before the status change: it tells device from CPU
+        seq.status = status
+        seq.finish_reason = status.finish_reason
+
+
     # ------------------------------------------------------------------ preemption
 
     def _preempt(self, seq_group: SequenceGroup, output: SchedulerOutput) -> None:
@@ -308,22 +404,7 @@ class Scheduler(SchedulerUpdates):
     def stats(self, with_occupancy: bool = True) -> SchedulerStats:
         """A snapshot of queues, KV usage and counters. ``with_occupancy`` adds the token
         occupancy of the running block tables (one pass over them: leave it out per step)."""
-        manager = self.block_manager
-        device_seqs = [seq for group in self.running for seq in group.get_seqs(RUNNING)]
-        occupancy = TokenOccupancy.of(device_seqs, manager.block_size) if with_occupancy \
-            else None
-        return SchedulerStats(
-            num_waiting=len(self.waiting),
-            num_running=len(self.running),
-            num_swapped=len(self.swapped),
-            num_running_seqs=len(device_seqs),
-            kv=manager.usage(),
-            occupancy=occupancy,
-            num_preemptions_recompute=self.preemption_stats.num_recompute,
-            num_preemptions_swap=self.preemption_stats.num_swap,
-            prefix_cache_queried_tokens=manager.prefix_cache_stats.num_queried_tokens,
-            prefix_cache_hit_tokens=manager.prefix_cache_stats.num_hit_tokens,
-        )
+        return SchedulerStats.of(self, with_occupancy)
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the queues, statuses and block pools agree."""

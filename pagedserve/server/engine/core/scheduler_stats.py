@@ -7,9 +7,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pagedserve.server.engine.core.sequence import Sequence, SequenceStatus
+
 if TYPE_CHECKING:
     from pagedserve.server.engine.core.block_pool import BlockPool
-    from pagedserve.server.engine.core.sequence import Sequence
+    from pagedserve.server.engine.core.scheduler import Scheduler
 
 
 @dataclass(slots=True, frozen=True)
@@ -119,6 +121,26 @@ class SchedulerStats:
     num_preemptions_swap: int
     prefix_cache_queried_tokens: int
     prefix_cache_hit_tokens: int
+
+    @classmethod
+    def of(cls, scheduler: Scheduler, with_occupancy: bool = True) -> SchedulerStats:
+        manager = scheduler.block_manager
+        device_seqs = [seq for group in scheduler.running
+                       for seq in group.get_seqs(SequenceStatus.RUNNING)]
+        occupancy = TokenOccupancy.of(device_seqs, manager.block_size) if with_occupancy \
+            else None
+        return cls(
+            num_waiting=len(scheduler.waiting),
+            num_running=len(scheduler.running),
+            num_swapped=len(scheduler.swapped),
+            num_running_seqs=len(device_seqs),
+            kv=manager.usage(),
+            occupancy=occupancy,
+            num_preemptions_recompute=scheduler.preemption_stats.num_recompute,
+            num_preemptions_swap=scheduler.preemption_stats.num_swap,
+            prefix_cache_queried_tokens=manager.prefix_cache_stats.num_queried_tokens,
+            prefix_cache_hit_tokens=manager.prefix_cache_stats.num_hit_tokens,
+        )
 
     @property
     def kv_cache_usage(self) -> float:
