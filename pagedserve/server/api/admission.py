@@ -6,7 +6,8 @@ must see a draining server); they are all that a probe-only connection (one past
 connection cap, or on the health port) may ask for. Everything else needs a bearer token when
 keys are set, gets 503 once the server is draining, and 429 when its source address or its
 key already has ``max_requests_per_client`` in flight; the requests already admitted run on,
-and the in-flight count tells the shutdown when they are done.
+and the in-flight count tells the shutdown when they are done. A request's source address is
+its peer's, or the client a trusted proxy names (``forwarded.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pagedserve.server.api.errors import (
     invalid_request,
     shutting_down,
 )
+from pagedserve.server.api.forwarded import TrustedProxies
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 # The request's tenant (``key:N`` for the N-th API key, else ``addr:`` and its source
@@ -39,11 +41,13 @@ def _unauthorized(message: str) -> APIError:
 
 
 class Admission:
-    def __init__(self, api_key: str | list[str] | None, max_requests_per_client: int) -> None:
+    def __init__(self, api_key: str | list[str] | None, max_requests_per_client: int,
+                 proxies: TrustedProxies | None = None) -> None:
         keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
         self._api_keys = [key.encode() for key in keys]
         self.per_address = ClientCounter(max_requests_per_client)
         self.per_key = ClientCounter(max_requests_per_client)
+        self.proxies = TrustedProxies() if proxies is None else proxies
         # Connections that may ask only for OPEN_PATHS, each with the error for anything else
         # (filled by the connection guards).
         self.probe_only: dict[Any, Callable[[], APIError]] = {}
@@ -75,7 +79,7 @@ class Admission:
         key = self._check_api_key(request)
         if self.draining:
             raise shutting_down()
-        address = request.remote or ""
+        address = self.proxies.client_address(request)
         request[TENANT] = f"key:{key}" if key is not None else f"addr:{address}"
         with self._client_share(address, key):
             self._in_flight += 1
