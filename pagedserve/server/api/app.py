@@ -21,6 +21,7 @@ from pagedserve.server.api.connections import (
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
+from pagedserve.server.api.parse_errors import json_parse_errors
 from pagedserve.server.api.server_log import ServerLog
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion
@@ -102,8 +103,8 @@ def make_health_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPS
 def _guard(runner: web.AppRunner, max_connections: int | None = None) -> ConnectionGuard:
     assert runner.server is not None, "set the runner up first"
     admission = runner.app[ADMISSION_KEY]
-    return ConnectionGuard(runner.server, runner.app[CONFIG_KEY].limits, admission.probe_only,
-                           max_connections, proxies=admission.proxies)
+    return ConnectionGuard(json_parse_errors(runner.server), runner.app[CONFIG_KEY].limits,
+                           admission.probe_only, max_connections, proxies=admission.proxies)
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:
