@@ -50,8 +50,7 @@ _SHUTDOWN_TIMEOUT_S = 5.0
 def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> web.Application:
     """A ready-to-run application; the engine loads when the app starts up. ``tracing``
     (else one for ``config.otlp_traces_endpoint``, if set) traces generation requests."""
-    admission = Admission(config.api_key, config.limits.max_requests_per_client,
-                          config.trusted_proxies())
+    admission = Admission(config.api_key, config.limits, config.trusted_proxies())
     if tracing is None and config.otlp_traces_endpoint:
         from pagedserve.server.api.tracing import ServerTracing
 
@@ -104,7 +103,8 @@ def _guard(runner: web.AppRunner, max_connections: int | None = None) -> Connect
     assert runner.server is not None, "set the runner up first"
     admission = runner.app[ADMISSION_KEY]
     return ConnectionGuard(json_parse_errors(runner.server), runner.app[CONFIG_KEY].limits,
-                           admission.probe_only, max_connections, proxies=admission.proxies)
+                           admission.probe_only, max_connections, proxies=admission.proxies,
+                           on_close=admission.key_connections.closed)
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:

@@ -28,7 +28,8 @@ class ServerLimits:
     ``timeout_header_read``: seconds a new connection gets to deliver its first request's
     headers (a client that trickles them is cut off).
     ``max_connections``: open connections; beyond it a new one gets 503 and is closed.
-    ``max_connections_per_client``: open connections from one source address (more: 429).
+    ``max_connections_per_client``: open connections from one source address, and with one
+    API key when keys are set (more: 429).
     ``max_requests_per_client``: requests in flight from one source address, and with one
     API key when keys are set (more: 429).
     """

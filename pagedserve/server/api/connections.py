@@ -60,7 +60,8 @@ class ConnectionGuard:
                  probe_only: dict[asyncio.BaseTransport, Callable[[], APIError]],
                  max_connections: int | None = None,
                  probe_connections: int = PROBE_CONNECTIONS,
-                 proxies: TrustedProxies | None = None) -> None:
+                 proxies: TrustedProxies | None = None,
+                 on_close: Callable[[asyncio.BaseTransport], None] | None = None) -> None:
         self._factory = factory
         self.limits = limits
         self.max_connections = (limits.max_connections if max_connections is None
@@ -69,6 +70,7 @@ class ConnectionGuard:
         self.probe_only = probe_only
         self.per_client = ClientCounter(limits.max_connections_per_client)
         self.proxies = TrustedProxies() if proxies is None else proxies
+        self._on_close = on_close  # what else counts the connection (its API key's share)
         self.num_open = 0
         self.num_probes = 0
         self.num_refused = 0
@@ -108,6 +110,8 @@ class ConnectionGuard:
             self.num_open -= 1
         if client is not None:
             self.per_client.release(client)
+        if self._on_close is not None:
+            self._on_close(transport)
 
     def _not_a_probe(self) -> APIError:
         error = too_many_connections(self.max_connections)
