@@ -31,6 +31,7 @@ from pagedserve.server.api.config import (
     ServerConfig,
     ServerConfigError,
 )
+from pagedserve.server.api.forwarded import FORWARDED_HEADERS, X_FORWARDED_FOR, parse_allow_ips
 from pagedserve.server.api.limits import add_limit_arguments, limits_from_args
 from pagedserve.server.api.shutdown import (
     drain,
@@ -85,6 +86,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="let special-token text inside chat messages (say <|im_end|>) become "
                         "the model's special tokens; by default it stays text, so that no "
                         "message can end its turn and forge another")
+    g.add_argument("--forwarded-allow-ips", default=None, metavar="IPS",
+                   help="comma list of the proxies (addresses or CIDR networks; '*' for "
+                        "every peer) whose forwarding header names the client for the "
+                        "per-client limits and the tenant key: the right-most address in it "
+                        "that is not a trusted proxy's; None: no proxy is trusted, the "
+                        "header is ignored and every client is its connection's address "
+                        "(unlike uvicorn, not even 127.0.0.1 is trusted unless named)")
+    g.add_argument("--forwarded-header", default=X_FORWARDED_FOR, choices=FORWARDED_HEADERS,
+                   help="the header the trusted proxies write: X-Forwarded-For, or RFC "
+                        "7239's Forwarded (for=); the other one is ignored")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
@@ -117,6 +128,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tool_call_parser=args.tool_call_parser,
         health_port=args.health_port,
         allow_special_tokens_in_content=args.allow_special_tokens_in_content,
+        forwarded_allow_ips=parse_allow_ips(args.forwarded_allow_ips),
+        forwarded_header=args.forwarded_header,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
 

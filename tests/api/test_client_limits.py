@@ -127,6 +127,42 @@ async def test_requests_in_flight_past_a_keys_share_get_429(shared_server: LiveS
     await wait_for(lambda: gate.per_key.held("0") == 0)
 
 
+async def keep_alive_request(port: int, host: str, key: str) -> asyncio.StreamWriter:
+    """A connection from ``host`` that has had one answered request with ``key`` and stays
+    open."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(host, 0))
+    writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + bearer(key) + b"\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    return writer
+
+
+async def test_connections_past_a_keys_share_get_429(shared_server: LiveServer) -> None:
+    # Three addresses, one key: the key's share of connections is what runs out.
+    port = shared_server.port
+    held = [await keep_alive_request(port, f"127.0.2.{i}", KEYS[0]) for i in (1, 2, 3)]
+    counted = shared_server.app[ADMISSION_KEY].key_connections.per_key
+    assert counted.held("0") == 3
+    head, body = split(await request_from(port, "127.0.2.4", get("/v1/models", KEYS[0])))
+    assert head.startswith(b"HTTP/1.1 429 Too Many Requests\r\n")
+    assert b"\r\nRetry-After: 1\r\n" in head and b"\r\nConnection: close\r\n" in head
+    assert body == error(
+        "Too many connections open with this API key: the limit per client is 3 "
+        "(--max-connections-per-client); retry once one of them has finished.",
+        code="client_limit_exceeded", kind="rate_limit_error")
+    # The other key, from the same address, goes on; a request on a counted connection too.
+    raw = await request_from(port, "127.0.2.4", get("/v1/models", KEYS[1]))
+    assert raw.startswith(b"HTTP/1.1 200 OK\r\n")
+    held[0].write(get("/v1/models", KEYS[0]))
+    await wait_for(lambda: counted.held("0") == 2)  # answered, then closed: freed
+    raw = await request_from(port, "127.0.2.4", get("/v1/models", KEYS[0]))
+    assert raw.startswith(b"HTTP/1.1 200 OK\r\n")
+    await release(shared_server.site.guard, held)
+    assert len(counted) == 0
+
+
 async def test_the_health_port_serves_probes_only(shared_server: LiveServer) -> None:
     port = shared_server.health_port
     assert port is not None and port != shared_server.port

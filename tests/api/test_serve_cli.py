@@ -78,6 +78,16 @@ def test_several_api_keys_and_a_health_port(monkeypatch: pytest.MonkeyPatch) -> 
     assert (defaults.health_port, defaults.allow_special_tokens_in_content) == (None, False)
 
 
+def test_trusted_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
+    config = serve.config_from_args(parse(["--forwarded-allow-ips", "10.0.0.0/8, ::1,*",
+                                           "--forwarded-header", "forwarded"]))
+    assert (config.forwarded_allow_ips, config.forwarded_header) == (
+        ["10.0.0.0/8", "::1", "*"], "forwarded")
+    defaults = serve.config_from_args(parse([]))
+    assert (defaults.forwarded_allow_ips, defaults.forwarded_header) == ([], "x-forwarded-for")
+    assert not defaults.trusted_proxies()
+
+
 def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(serve.API_KEY_ENV, "from-env")
     assert serve.config_from_args(parse([])).api_key == "from-env"
@@ -93,6 +103,8 @@ def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--api-key", "a", ""], "api_key must be non-empty when given"),
         (["--health-port", "70000"], "health_port must be in [0, 65535], got 70000"),
         (["--max-connections", "0"], "max_connections must be positive, got 0"),
+        (["--forwarded-allow-ips", "proxy.local"], "forwarded_allow_ips: 'proxy.local' is not "
+                                                   "an IP address, a network (CIDR) or '*'"),
         (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1], got 1.5"),
         (["a", "--model", "b"], "two models given: 'a' and --model 'b'; give one"),
     ],

@@ -138,8 +138,8 @@ def test_a_template_that_rewrites_contents_refuses_markers(
         tokenizer.encode_chat(user("x" + CHATML_FORGERY))
     assert (caught.value.message, caught.value.param) == (
         "messages[0].content contains '<|im_end|>', a special token of this model, and its "
-        "chat template changes contents so that it cannot be kept as text; leave it out, or "
-        "start the server with --allow-special-tokens-in-content", "messages")
+        "chat template changes it so that it cannot be kept as text; leave it out, or start "
+        "the server with --allow-special-tokens-in-content", "messages")
     text, ids = tokenizer.encode_chat(user("x and more"))
     assert ids == tokenizer.encode(text, add_special_tokens=False)
 

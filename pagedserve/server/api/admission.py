@@ -5,8 +5,10 @@ flight, and a count of what is in flight.
 must see a draining server); they are all that a probe-only connection (one past the
 connection cap, or on the health port) may ask for. Everything else needs a bearer token when
 keys are set, gets 503 once the server is draining, and 429 when its source address or its
-key already has ``max_requests_per_client`` in flight; the requests already admitted run on,
-and the in-flight count tells the shutdown when they are done.
+key already has ``max_requests_per_client`` in flight, or when it comes on a new connection
+and its key already holds ``max_connections_per_client``; the requests already admitted run on,
+and the in-flight count tells the shutdown when they are done. A request's source address is
+its peer's, or the client a trusted proxy names (``forwarded.py``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,19 @@ from typing import Any
 
 from aiohttp import web
 
-from pagedserve.server.api.client_limits import ClientCounter, over_client_share
+from pagedserve.server.api.client_limits import (
+    ClientCounter,
+    KeyConnections,
+    over_client_share,
+)
+from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import (
     INVALID_REQUEST,
     APIError,
     invalid_request,
     shutting_down,
 )
+from pagedserve.server.api.forwarded import TrustedProxies
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 # The request's tenant (``key:N`` for the N-th API key, else ``addr:`` and its source
@@ -39,11 +47,15 @@ def _unauthorized(message: str) -> APIError:
 
 
 class Admission:
-    def __init__(self, api_key: str | list[str] | None, max_requests_per_client: int) -> None:
+    def __init__(self, api_key: str | list[str] | None, limits: ServerLimits,
+                 proxies: TrustedProxies | None = None) -> None:
         keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
         self._api_keys = [key.encode() for key in keys]
-        self.per_address = ClientCounter(max_requests_per_client)
-        self.per_key = ClientCounter(max_requests_per_client)
+        self.per_address = ClientCounter(limits.max_requests_per_client)
+        self.per_key = ClientCounter(limits.max_requests_per_client)
+        self.proxies = TrustedProxies() if proxies is None else proxies
+        # With keys, each key's share of connections too (the guard tells when they close).
+        self.key_connections = KeyConnections(limits.max_connections_per_client)
         # Connections that may ask only for OPEN_PATHS, each with the error for anything else
         # (filled by the connection guards).
         self.probe_only: dict[Any, Callable[[], APIError]] = {}
@@ -75,7 +87,9 @@ class Admission:
         key = self._check_api_key(request)
         if self.draining:
             raise shutting_down()
-        address = request.remote or ""
+        address = self.proxies.client_address(request)
+        if key is not None:
+            self._claim_connection(request, key)
         request[TENANT] = f"key:{key}" if key is not None else f"addr:{address}"
         with self._client_share(address, key):
             self._in_flight += 1
@@ -86,6 +100,17 @@ class Admission:
                 self._in_flight -= 1
                 if self._in_flight == 0:
                     self._idle.set()
+
+    def _claim_connection(self, request: web.Request, key: int) -> None:
+        # A trusted proxy's connections carry many keys' requests: they count for none.
+        if self.proxies.trusts(request.remote or ""):
+            return
+        if not self.key_connections.claim(request.transport, str(key)):
+            error = over_client_share("connections", "open with this API key",
+                                      self.key_connections.per_key.limit,
+                                      "--max-connections-per-client")
+            error.close_connection = True  # the answer frees the connection it came on
+            raise error
 
     @contextlib.contextmanager
     def _client_share(self, address: str, key: int | None) -> Iterator[None]:

@@ -21,6 +21,7 @@ from pagedserve.server.api.connections import (
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
+from pagedserve.server.api.parse_errors import json_parse_errors
 from pagedserve.server.api.server_log import ServerLog
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion
@@ -49,7 +50,7 @@ _SHUTDOWN_TIMEOUT_S = 5.0
 def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> web.Application:
     """A ready-to-run application; the engine loads when the app starts up. ``tracing``
     (else one for ``config.otlp_traces_endpoint``, if set) traces generation requests."""
-    admission = Admission(config.api_key, config.limits.max_requests_per_client)
+    admission = Admission(config.api_key, config.limits, config.trusted_proxies())
     if tracing is None and config.otlp_traces_endpoint:
         from pagedserve.server.api.tracing import ServerTracing
 
@@ -100,8 +101,10 @@ def make_health_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPS
 
 def _guard(runner: web.AppRunner, max_connections: int | None = None) -> ConnectionGuard:
     assert runner.server is not None, "set the runner up first"
-    return ConnectionGuard(runner.server, runner.app[CONFIG_KEY].limits,
-                           runner.app[ADMISSION_KEY].probe_only, max_connections)
+    admission = runner.app[ADMISSION_KEY]
+    return ConnectionGuard(json_parse_errors(runner.server), runner.app[CONFIG_KEY].limits,
+                           admission.probe_only, max_connections, proxies=admission.proxies,
+                           on_close=admission.key_connections.closed)
 
 
 def _add_routes(router: web.UrlDispatcher) -> None:

@@ -1,5 +1,5 @@
 """Each client's share of the server: connections and requests in flight per source address,
-and requests in flight per API key when several keys are set.
+and per API key when keys are set.
 
 One client must not be able to use up what everyone shares (the connection cap, the waiting
 queue); over its share it gets 429 with Retry-After and a body that names the limit, while
@@ -44,6 +44,31 @@ class ClientCounter:
 
     def __len__(self) -> int:
         return len(self._counts)
+
+
+class KeyConnections:
+    """Open connections per API key. A connection's key is known only once a request on it
+    presents one, so it counts against the key of its first such request, until it closes;
+    later requests on it are not counted again."""
+
+    def __init__(self, limit: int) -> None:
+        self.per_key = ClientCounter(limit)
+        self._key_of: dict[asyncio.BaseTransport, str] = {}
+
+    def claim(self, transport: asyncio.BaseTransport | None, key: str) -> bool:
+        """Counts ``transport`` against ``key`` unless it is counted already; False (counting
+        nothing) when the key holds its limit."""
+        if transport is None or transport in self._key_of:
+            return True
+        if not self.per_key.try_acquire(key):
+            return False
+        self._key_of[transport] = key
+        return True
+
+    def closed(self, transport: asyncio.BaseTransport) -> None:
+        key = self._key_of.pop(transport, None)
+        if key is not None:
+            self.per_key.release(key)
 
 
 def peer_host(transport: asyncio.BaseTransport) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from pagedserve.server.api.forwarded import X_FORWARDED_FOR, TrustedProxies
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.config.engine_args import EngineArgs
 
@@ -27,7 +28,8 @@ class ServerLimits:
     ``timeout_header_read``: seconds a new connection gets to deliver its first request's
     headers (a client that trickles them is cut off).
     ``max_connections``: open connections; beyond it a new one gets 503 and is closed.
-    ``max_connections_per_client``: open connections from one source address (more: 429).
+    ``max_connections_per_client``: open connections from one source address, and with one
+    API key when keys are set (more: 429).
     ``max_requests_per_client``: requests in flight from one source address, and with one
     API key when keys are set (more: 429).
     """
@@ -59,6 +61,9 @@ class ServerConfig:
     that serves only ``/health`` and ``/metrics``, outside the main port's connection cap.
     ``allow_special_tokens_in_content``: let special-token text in chat messages become
     special ids (by default it stays text, so no message can forge a turn).
+    ``forwarded_allow_ips``: the proxies (addresses, CIDR networks, or ``*``) whose
+    ``forwarded_header`` names the client for the per-client limits and the tenant key;
+    none by default, so that no client can name itself.
     """
 
     engine_args: EngineArgs = field(default_factory=EngineArgs)
@@ -72,6 +77,8 @@ class ServerConfig:
     tool_call_parser: str = "hermes"
     health_port: int | None = None
     allow_special_tokens_in_content: bool = False
+    forwarded_allow_ips: list[str] = field(default_factory=list)
+    forwarded_header: str = X_FORWARDED_FOR
     # OpenTelemetry traces go to this OTLP/HTTP endpoint; None: no tracing.
     otlp_traces_endpoint: str | None = None
 
@@ -94,7 +101,14 @@ class ServerConfig:
             raise ServerConfigError("api_key must be non-empty when given")
         if self.health_port is not None and not 0 <= self.health_port <= 65535:
             raise ServerConfigError(f"health_port must be in [0, 65535], got {self.health_port}")
+        try:
+            self.trusted_proxies()
+        except ValueError as exc:
+            raise ServerConfigError(str(exc)) from None
         if any(not name for name in self.served_model_names):
             raise ServerConfigError(
                 f"served model names must be non-empty, got {self.served_model_names!r}"
             )
+
+    def trusted_proxies(self) -> TrustedProxies:
+        return TrustedProxies(self.forwarded_allow_ips, self.forwarded_header)

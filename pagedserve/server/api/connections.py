@@ -5,8 +5,9 @@ aiohttp's own protocol (one ``RequestHandler`` per connection) does the HTTP; th
 its factory. Past ``max_connections`` a new connection is not handed to aiohttp (but for a few
 kept for health probes): it gets a 503 in OpenAI's shape and is closed, so idle clients can
 never use up the process's file descriptors and lock everyone out; past its share of them one
-source address gets 429. Idle keep-alive connections are closed by aiohttp after
-``timeout_keep_alive`` (passed to the runner).
+source address gets 429 (but a trusted proxy: its connections carry many clients' requests,
+so only the cap on all connections bounds them). Idle keep-alive connections are closed by
+aiohttp after ``timeout_keep_alive`` (passed to the runner).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pagedserve.server.api.errors import (
     body_too_large,
     error_response,
 )
+from pagedserve.server.api.forwarded import TrustedProxies
 
 _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.
@@ -57,7 +59,9 @@ class ConnectionGuard:
     def __init__(self, factory: Callable[[], asyncio.Protocol], limits: ServerLimits,
                  probe_only: dict[asyncio.BaseTransport, Callable[[], APIError]],
                  max_connections: int | None = None,
-                 probe_connections: int = PROBE_CONNECTIONS) -> None:
+                 probe_connections: int = PROBE_CONNECTIONS,
+                 proxies: TrustedProxies | None = None,
+                 on_close: Callable[[asyncio.BaseTransport], None] | None = None) -> None:
         self._factory = factory
         self.limits = limits
         self.max_connections = (limits.max_connections if max_connections is None
@@ -65,6 +69,8 @@ class ConnectionGuard:
         self.probe_connections = probe_connections
         self.probe_only = probe_only
         self.per_client = ClientCounter(limits.max_connections_per_client)
+        self.proxies = TrustedProxies() if proxies is None else proxies
+        self._on_close = on_close  # what else counts the connection (its API key's share)
         self.num_open = 0
         self.num_probes = 0
         self.num_refused = 0
@@ -74,8 +80,10 @@ class ConnectionGuard:
 
     def admit(self, transport: asyncio.BaseTransport) -> asyncio.Protocol:
         """The protocol that serves (or refuses) a connection just made."""
-        client = peer_host(transport)
-        if self.max_connections and not self.per_client.try_acquire(client):
+        peer = peer_host(transport)
+        # The client whose share this connection counts against; None for none.
+        client = peer if self.max_connections and not self.proxies.trusts(peer) else None
+        if client is not None and not self.per_client.try_acquire(client):
             self.num_refused += 1
             return _Refusal(over_client_share(
                 "connections", f"open from {client or 'this client'}",
@@ -88,20 +96,22 @@ class ConnectionGuard:
             self.probe_only[transport] = (
                 self._not_a_probe if self.max_connections else not_on_health_port)
             return _Guarded(self._factory(), self, client, probe=True)
-        if self.max_connections:
+        if client is not None:
             self.per_client.release(client)
         self.num_refused += 1
         return _Refusal(too_many_connections(self.max_connections))
 
-    def closed(self, transport: asyncio.BaseTransport, client: str, probe: bool) -> None:
+    def closed(self, transport: asyncio.BaseTransport, client: str | None,
+               probe: bool) -> None:
         if probe:
             self.num_probes -= 1
             self.probe_only.pop(transport, None)
         else:
             self.num_open -= 1
-        if self.max_connections:
+        if client is not None:
             self.per_client.release(client)
-
+        if self._on_close is not None:
+            self._on_close(transport)
 
     def _not_a_probe(self) -> APIError:
         error = too_many_connections(self.max_connections)
@@ -156,7 +166,7 @@ class _Guarded(asyncio.Protocol):
     """Passes everything to aiohttp's protocol; closes a connection whose first request head
     has not arrived within ``timeout_header_read``."""
 
-    def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard, client: str,
+    def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard, client: str | None,
                  probe: bool) -> None:
         self._inner = inner
         self._guard = guard

@@ -59,7 +59,9 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
                         "are kept for /health and /metrics)")
     g.add_argument("--max-connections-per-client", type=int,
                    default=d.max_connections_per_client,
-                   help="open connections from one source address; more are answered 429")
+                   help="open connections from one source address, and with one API key "
+                        "(a connection counts for the key of its first request); more are "
+                        "answered 429")
     g.add_argument("--max-requests-per-client", type=int, default=d.max_requests_per_client,
                    help="requests in flight from one source address, and with one API key; "
                         "more are answered 429")

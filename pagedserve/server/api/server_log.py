@@ -4,8 +4,8 @@ rejects logged as one rate-limited WARNING line each.
 aiohttp logs a request it cannot parse at ERROR with the whole traceback: a dozen lines that
 any client can make the server write as fast as it can send bytes. Such a request is the
 client's error, not the server's: one short line (the client's address, what was wrong) is
-enough, and past one line per ``interval_s`` the rest are only counted, and the count told
-with the next line.
+enough (``parse_errors.describe``: the problem, not the bytes the parser quotes), and past one
+line per ``interval_s`` the rest are only counted, and the count told with the next line.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-# How much of the parser's message a line keeps: it quotes what the client sent.
-_MAX_DETAIL_CHARS = 160
+from pagedserve.server.api.parse_errors import describe
 
 
 class ServerLog:
@@ -51,7 +50,7 @@ class ServerLog:
             return
         self._next_line_at = now + self.interval_s
         # One line, and repr: none of the client's bytes reach the log raw.
-        detail = repr(" ".join(exc.message.split())[:_MAX_DETAIL_CHARS])
+        detail = repr(" ".join(describe(exc).split()))
         more = (f" ({self.num_suppressed} more since the last such line)"
                 if self.num_suppressed else "")
         self.num_suppressed = 0

@@ -34,9 +34,7 @@ inside ``<tool_response>``. With
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
@@ -101,84 +99,21 @@ def render_chat_template(
     for the model to go on with (as transformers and vLLM do: whatever the template writes
     after it, such as an end-of-turn token, is cut). ``variables`` are more names for the
     template (vLLM's ``chat_template_kwargs`` and ``documents``)."""
-    context = _context(add_generation_prompt, special_tokens, variables)
-    return _render(template, validate_messages(messages), context, continue_final_message)
+    context = template_context(add_generation_prompt, special_tokens, variables)
+    return render_validated(template, validate_messages(messages), context,
+                            continue_final_message)
 
 
-@dataclass(frozen=True, slots=True)
-class RenderedChat:
-    """A rendered prompt and where the messages' contents lie in it.
-
-    ``content_spans`` are ``(start, end)`` offsets into ``text``, in order, one per time the
-    template wrote a content out; None when they cannot be told apart from what the template
-    wrote (a template that changes a content other than by trimming it). ``template_text``
-    is what the template itself wrote: the text with every content left out."""
-
-    text: str
-    content_spans: list[tuple[int, int]] | None
-    template_text: str
-    contents: list[str]
-
-
-def render_chat_spans(
-    template: str | None,
-    messages: object,
-    *,
-    add_generation_prompt: bool = True,
-    special_tokens: Mapping[str, str] | None = None,
-    continue_final_message: bool = False,
-    variables: Mapping[str, Any] | None = None,
-) -> RenderedChat:
-    """``render_chat_template``'s text, with the contents located in it: the template is
-    rendered once more with a placeholder for each content, and the real text is matched
-    against the pieces around the placeholders."""
-    chat = validate_messages(messages)
-    context = _context(add_generation_prompt, special_tokens, variables)
-    text = _render(template, chat, context, continue_final_message)
-    holes = [{**m, "content": _HOLE.format(i)} if "content" in m else m
-             for i, m in enumerate(chat)]
-    skeleton = _render(template, holes, context, continue_final_message)
-    contents = [m.get("content", "") for m in chat]
-    spans = _locate(text, skeleton, contents)
-    template_text = _HOLE_PATTERN.sub("", skeleton)
-    return RenderedChat(text, spans, template_text, contents)
-
-
-# A content's stand-in: private-use characters around its index, which no template writes
-# or changes (trim, escaping) and no tokenizer treats as special.
-_HOLE = "\ue000{}\ue001"
-_HOLE_PATTERN = re.compile("\ue000(\\d+)\ue001")
-
-
-def _locate(text: str, skeleton: str, contents: list[str]) -> list[tuple[int, int]] | None:
-    parts = _HOLE_PATTERN.split(skeleton)
-    pieces, holes = parts[0::2], [int(i) for i in parts[1::2]]
-    if not text.startswith(pieces[0]):
-        return None
-    pos, spans = len(pieces[0]), []
-    for index, after in zip(holes, pieces[1:], strict=True):
-        content = contents[index]
-        # As written, or trimmed (Llama 3's and many ChatML templates trim contents).
-        for written in dict.fromkeys((content, content.strip(), content.lstrip(),
-                                      content.rstrip())):
-            end = pos + len(written)
-            if text.startswith(written, pos) and text.startswith(after, end):
-                break
-        else:
-            return None
-        spans.append((pos, end))
-        pos = end + len(after)
-    return spans if pos == len(text) else None
-
-
-def _context(add_generation_prompt: bool, special_tokens: Mapping[str, str] | None,
-             variables: Mapping[str, Any] | None) -> dict[str, Any]:
+def template_context(add_generation_prompt: bool, special_tokens: Mapping[str, str] | None,
+                     variables: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The names a template sees besides ``messages``."""
     return {**(special_tokens or {}), **(variables or {}),
             "add_generation_prompt": add_generation_prompt}
 
 
-def _render(template: str | None, chat: list[dict[str, Any]], context: dict[str, Any],
-            continue_final_message: bool) -> str:
+def render_validated(template: str | None, chat: list[dict[str, Any]],
+                     context: dict[str, Any], continue_final_message: bool) -> str:
+    """``chat`` (validated messages) rendered with ``context`` (``template_context``)."""
     if continue_final_message:
         chat = [*chat[:-1], _marked_final_message(chat[-1])]
     compiled = compile_chat_template(template or DEFAULT_CHAT_TEMPLATE)
