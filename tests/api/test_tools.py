@@ -118,16 +118,49 @@ async def test_a_named_choice_calls_that_function_streamed(client: AsyncOpenAI) 
         model=MODEL, messages=MESSAGES, tools=TOOLS, temperature=1.0, max_tokens=200,
         tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True,
         seed=6)
-    calls, reasons = [], []
+    deltas, reasons = [], []
     async for chunk in stream:
         for choice in chunk.choices:
             assert not choice.delta.content
-            calls += choice.delta.tool_calls or []
+            deltas += choice.delta.tool_calls or []
             reasons.append(choice.finish_reason)
-    (call,) = calls
-    assert call.function.name == "get_time"
+    call = deltas[0]
+    assert call.function.name == "get_time" and {d.index for d in deltas} == {0}
+    call.function.arguments = "".join(d.function.arguments for d in deltas)
     check_call(call)
     assert reasons[-1] == "stop"
+
+
+async def streamed_calls(stream: Any) -> dict[tuple[int, int], list[Any]]:
+    """Each (choice, call)'s ``tool_calls`` deltas, in order."""
+    calls: dict[tuple[int, int], list[Any]] = {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                calls.setdefault((choice.index, delta.index), []).append(delta)
+    return calls
+
+
+@pytest.mark.parametrize("tool_choice", [
+    "required", {"type": "function", "function": {"name": "get_weather"}}])
+async def test_grammar_call_arguments_stream_as_tokens_arrive(client: AsyncOpenAI,
+                                                              tool_choice: Any) -> None:
+    request = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "temperature": 1.0,
+               "seed": 4, "max_tokens": 250, "n": 2, "tool_choice": tool_choice,
+               "parallel_tool_calls": False}
+    whole = await client.chat.completions.create(**request)
+    streamed = await streamed_calls(await client.chat.completions.create(**request,
+                                                                         stream=True))
+    for choice in whole.choices:
+        (call,) = choice.message.tool_calls
+        first, *rest = streamed[(choice.index, 0)]
+        assert (first.type, first.function.name) == ("function", call.function.name)
+        assert first.id.startswith("call_")
+        assert all(d.id is None and d.function.name is None for d in rest)
+        assert len(rest) > 3  # piece by piece, not the whole call at its end
+        arguments = "".join(d.function.arguments for d in [first, *rest])
+        assert arguments == call.function.arguments
+        check_call(call)
 
 
 async def test_none_answers_in_text(client: AsyncOpenAI) -> None:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
-from pagedserve.server.api.tool_parsers import NamedCall, RequiredCalls, ToolParser
+from pagedserve.server.api.tool_grammar_calls import NamedCall, RequiredCalls
+from pagedserve.server.api.tool_parsers import ToolParser
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import StructuredOutputsParams
 
