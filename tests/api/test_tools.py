@@ -7,7 +7,7 @@ calls back through the template; bad tool requests as exact 400s."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,8 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from pagedserve.server.tokenizer import load_tokenizer
-from tests.api.live_server import LiveServer, server_config
-from tests.checkpoints import make_checkpoint
-from tests.live_model import MODEL, VOCAB_SIZE
-from tests.tokenizer_files import write_hf_tokenizer
+from tests.api.live_server import LiveServer
+from tests.live_model import MODEL
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
            "properties": {"city": {"enum": ["Oslo", "Paris", "Lima"]},
@@ -36,20 +34,6 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
 # Makes the random model write one Hermes call, so that the auto path parses a real output.
 HERMES_CALL = (r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Oslo|Lima)", '
                r'"unit": "C"\}\}\n</tool_call>')
-
-
-@pytest.fixture(scope="module")
-def untemplated_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = make_checkpoint(tmp_path_factory.mktemp("tools-llama"), "llama",
-                           vocab_size=VOCAB_SIZE, max_position_embeddings=2048)
-    return write_hf_tokenizer(path, VOCAB_SIZE, chat_template=None)
-
-
-@pytest.fixture(scope="module")
-def tools_server(untemplated_dir: Path) -> Iterator[LiveServer]:
-    live = LiveServer(server_config(str(untemplated_dir), engine={"num_kv_blocks": 256})).start()
-    yield live
-    live.stop()
 
 
 @pytest_asyncio.fixture
