@@ -11,8 +11,10 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from tests.api.live_server import LiveServer, server_config
+from tests.checkpoints import make_checkpoint
 from tests.live_model import MODEL as MODEL
-from tests.live_model import write_live_model
+from tests.live_model import VOCAB_SIZE, write_live_model
+from tests.tokenizer_files import write_hf_tokenizer
 
 MAX_BODY_BYTES = 64 * 1024
 
@@ -35,3 +37,19 @@ async def client(server: LiveServer) -> AsyncIterator[AsyncOpenAI]:
     async with AsyncOpenAI(base_url=server.base_url + "/v1", api_key="unused",
                            max_retries=0) as openai_client:
         yield openai_client
+
+
+@pytest.fixture(scope="session")
+def untemplated_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint without a chat template, so that the default, tools-aware one renders
+    (the tool-calling tests')."""
+    path = make_checkpoint(tmp_path_factory.mktemp("tools-llama"), "llama",
+                           vocab_size=VOCAB_SIZE, max_position_embeddings=2048)
+    return write_hf_tokenizer(path, VOCAB_SIZE, chat_template=None)
+
+
+@pytest.fixture(scope="session")
+def tools_server(untemplated_dir: Path) -> Iterator[LiveServer]:
+    live = LiveServer(server_config(str(untemplated_dir), engine={"num_kv_blocks": 256})).start()
+    yield live
+    live.stop()

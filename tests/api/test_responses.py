@@ -1,7 +1,8 @@
 """``/v1/responses`` through the official openai SDK: the text equals the offline engine's on
 the chat-templated conversation, ``instructions`` lead as a system message, a length stop
 is ``incomplete``, the stream's typed events come in OpenAI's order with deltas that add up
-to the text, and what needs stored state, tools or other modalities is an exact 400."""
+to the text, and what needs stored state, built-in tools or other modalities is an exact
+400 (function tools: test_responses_tools)."""
 
 from __future__ import annotations
 
@@ -100,13 +101,13 @@ async def post(server: LiveServer, body: dict[str, Any]) -> tuple[int, Any]:
     ({"input": "x", "previous_response_id": "resp_1"},
      "previous_response_id is not supported by this server", "previous_response_id"),
     ({"input": "x", "tools": [{"type": "web_search"}]},
-     "tools is not supported by this server", "tools"),
+     'tools[0].type "web_search" is not supported: only "function" is', "tools[0].type"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
      "input[0].content[0] must be an input_text or output_text part, got \"input_image\": "
      "this server takes text only", "input[0].content[0]"),
-    ({"input": [{"type": "function_call_output", "call_id": "c", "output": "o"}]},
-     "input[0].type \"function_call_output\" is not supported by this server: only messages "
-     "are", "input[0]"),
+    ({"input": [{"type": "reasoning", "summary": []}]},
+     "input[0].type \"reasoning\" is not supported by this server: only messages, "
+     "function_call and function_call_output are", "input[0]"),
     ({"input": "x", "text": {"format": {"type": "grammar"}}},
      "text.format.type \"grammar\" is not supported: use \"text\", \"json_object\" or "
      "\"json_schema\"", "text.format.type"),

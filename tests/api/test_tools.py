@@ -7,7 +7,7 @@ calls back through the template; bad tool requests as exact 400s."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +18,8 @@ import pytest_asyncio
 from openai import AsyncOpenAI
 
 from pagedserve.server.tokenizer import load_tokenizer
-from tests.api.live_server import LiveServer, server_config
-from tests.checkpoints import make_checkpoint
-from tests.live_model import MODEL, VOCAB_SIZE
-from tests.tokenizer_files import write_hf_tokenizer
+from tests.api.live_server import LiveServer
+from tests.live_model import MODEL
 
 WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
            "properties": {"city": {"enum": ["Oslo", "Paris", "Lima"]},
@@ -36,20 +34,6 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Oslo?"}]
 # Makes the random model write one Hermes call, so that the auto path parses a real output.
 HERMES_CALL = (r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "(Oslo|Lima)", '
                r'"unit": "C"\}\}\n</tool_call>')
-
-
-@pytest.fixture(scope="module")
-def untemplated_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = make_checkpoint(tmp_path_factory.mktemp("tools-llama"), "llama",
-                           vocab_size=VOCAB_SIZE, max_position_embeddings=2048)
-    return write_hf_tokenizer(path, VOCAB_SIZE, chat_template=None)
-
-
-@pytest.fixture(scope="module")
-def tools_server(untemplated_dir: Path) -> Iterator[LiveServer]:
-    live = LiveServer(server_config(str(untemplated_dir), engine={"num_kv_blocks": 256})).start()
-    yield live
-    live.stop()
 
 
 @pytest_asyncio.fixture
@@ -118,16 +102,49 @@ async def test_a_named_choice_calls_that_function_streamed(client: AsyncOpenAI) 
         model=MODEL, messages=MESSAGES, tools=TOOLS, temperature=1.0, max_tokens=200,
         tool_choice={"type": "function", "function": {"name": "get_time"}}, stream=True,
         seed=6)
-    calls, reasons = [], []
+    deltas, reasons = [], []
     async for chunk in stream:
         for choice in chunk.choices:
             assert not choice.delta.content
-            calls += choice.delta.tool_calls or []
+            deltas += choice.delta.tool_calls or []
             reasons.append(choice.finish_reason)
-    (call,) = calls
-    assert call.function.name == "get_time"
+    call = deltas[0]
+    assert call.function.name == "get_time" and {d.index for d in deltas} == {0}
+    call.function.arguments = "".join(d.function.arguments for d in deltas)
     check_call(call)
     assert reasons[-1] == "stop"
+
+
+async def streamed_calls(stream: Any) -> dict[tuple[int, int], list[Any]]:
+    """Each (choice, call)'s ``tool_calls`` deltas, in order."""
+    calls: dict[tuple[int, int], list[Any]] = {}
+    async for chunk in stream:
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                calls.setdefault((choice.index, delta.index), []).append(delta)
+    return calls
+
+
+@pytest.mark.parametrize("tool_choice", [
+    "required", {"type": "function", "function": {"name": "get_weather"}}])
+async def test_grammar_call_arguments_stream_as_tokens_arrive(client: AsyncOpenAI,
+                                                              tool_choice: Any) -> None:
+    request = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "temperature": 1.0,
+               "seed": 4, "max_tokens": 250, "n": 2, "tool_choice": tool_choice,
+               "parallel_tool_calls": False}
+    whole = await client.chat.completions.create(**request)
+    streamed = await streamed_calls(await client.chat.completions.create(**request,
+                                                                         stream=True))
+    for choice in whole.choices:
+        (call,) = choice.message.tool_calls
+        first, *rest = streamed[(choice.index, 0)]
+        assert (first.type, first.function.name) == ("function", call.function.name)
+        assert first.id.startswith("call_")
+        assert all(d.id is None and d.function.name is None for d in rest)
+        assert len(rest) > 3  # piece by piece, not the whole call at its end
+        arguments = "".join(d.function.arguments for d in [first, *rest])
+        assert arguments == call.function.arguments
+        check_call(call)
 
 
 async def test_none_answers_in_text(client: AsyncOpenAI) -> None:

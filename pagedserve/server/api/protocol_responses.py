@@ -3,10 +3,12 @@ read and type-checked, with its input turned into chat messages for the model's 
 
 ``input`` is a string (one user message) or a list of messages, each a ``role`` and a
 ``content`` that is a string or a list of ``input_text`` / ``output_text`` parts;
-``instructions`` becomes a leading system message, as in vLLM. Nothing is stored, so
-``previous_response_id`` and the other features that need stored state, tools and non-text
-inputs are refused by name. ``text.format`` constrains the output (a JSON schema, or any
-JSON object) as chat's ``response_format`` does.
+``instructions`` becomes a leading system message, as in vLLM. Function tools, the calls
+the model made (``function_call`` items) and their results (``function_call_output``) are
+read as chat's (``protocol_responses_tools``). Nothing is stored, so
+``previous_response_id`` and the other features that need stored state, built-in tools and
+non-text inputs are refused by name. ``text.format`` constrains the output (a JSON schema, or
+any JSON object) as chat's ``response_format`` does.
 """
 
 from __future__ import annotations
@@ -14,19 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pagedserve.server.api.protocol_chat import ChatRendering
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
+from pagedserve.server.api.protocol_responses_tools import add_input_item, read_response_tools
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
 from pagedserve.server.api.protocol_structured import read_json_schema
+from pagedserve.server.api.protocol_tools import ToolRequest, template_messages
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import StructuredOutputsParams
 
 _ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text")
-# Features that need stored responses, tools or other modalities.
+# Features that need stored responses or other modalities.
 _UNSUPPORTED = ("previous_response_id", "conversation", "prompt", "background")
 # Billing, tracking and caching hints: nothing to do here.
 _IGNORED = ("store", "user", "safety_identifier", "prompt_cache_key", "service_tier",
-            "parallel_tool_calls", "max_tool_calls", "stream_options")
+            "max_tool_calls", "stream_options")
+_TOOL_ITEMS = ("function_call", "function_call_output")
 # Sampling fields with no meaning for a single response.
 _SINGLE_OUTPUT = ("n", "best_of", "use_beam_search")
 
@@ -42,6 +48,8 @@ class ResponsesRequest:
     metadata: dict[str, Any]
     sampling: dict[str, Any]
     text_format: dict[str, Any] = field(default_factory=lambda: {"type": "text"})
+    tools: ToolRequest | None = None
+    rendering: ChatRendering = field(default_factory=ChatRendering)
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
@@ -75,7 +83,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         if name in request.sampling:
             raise InvalidRequestError(f"{name} is not supported by the Responses API (it has "
                                       "one output); use /v1/chat/completions", param=name)
-    _read_tools(fields)
+    _read_tools(fields, request)
     _refuse_unless(fields, "reasoning", lambda v: v == {}, "is not supported by this model")
     _refuse_unless(fields, "include", lambda v: v == [], "is not supported by this server")
     _refuse_unless(fields, "truncation", lambda v: v == "disabled",
@@ -95,7 +103,13 @@ def read_input(value: Any) -> list[dict[str, Any]]:
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise type_error("input", "a string or a non-empty list of messages", value)
-    return [_message(i, item) for i, item in enumerate(value)]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        if isinstance(item, dict) and item.get("type") in _TOOL_ITEMS:
+            add_input_item(messages, f"input[{i}]", item, _text_part)
+        else:
+            messages.append(_message(i, item))
+    return messages
 
 
 def _message(i: int, item: Any) -> dict[str, Any]:
@@ -105,7 +119,8 @@ def _message(i: int, item: Any) -> dict[str, Any]:
     kind = item.get("type", "message")
     if kind != "message":
         raise InvalidRequestError(f"{where}.type {show(kind)} is not supported by this "
-                                  "server: only messages are", param=where)
+                                  "server: only messages, function_call and "
+                                  "function_call_output are", param=where)
     fields = Fields(item, prefix=f"{where}.")
     fields.ignore("type", "id", "status")
     role = fields.string("role", required=True)
@@ -142,14 +157,23 @@ def _read_metadata(value: Any) -> dict[str, Any]:
     return value
 
 
-def _read_tools(fields: Fields) -> None:
-    tools = fields.raw("tools")
-    if tools not in (None, []):
-        raise InvalidRequestError("tools is not supported by this server", param="tools")
-    choice = fields.raw("tool_choice")
-    if choice not in (None, "auto", "none"):
-        raise InvalidRequestError("tool_choice must be \"auto\" or \"none\": this server "
-                                  "has no tools", param="tool_choice")
+def _read_tools(fields: Fields, request: ResponsesRequest) -> None:
+    """As chat's: the tools reach the template; a required or named choice becomes the
+    output's grammar."""
+    tools = read_response_tools(fields)
+    if tools is None:
+        return
+    request.tools = tools
+    request.messages = template_messages(request.messages)
+    request.rendering = ChatRendering(variables={"tools": tools.tools})
+    constraint = tools.constraint()
+    if constraint is None:
+        return
+    other = request.sampling.get("structured_outputs")
+    if other is not None:
+        raise InvalidRequestError(f"tool_choice {show(tools.choice)} and {other.source} both "
+                                  "constrain the output: send one", param="tool_choice")
+    request.sampling["structured_outputs"] = constraint
 
 
 def _read_text(text: Fields | None) -> StructuredOutputsParams | None:

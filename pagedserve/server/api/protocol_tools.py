@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
-from pagedserve.server.api.tool_parsers import NamedCall, RequiredCalls, ToolParser
+from pagedserve.server.api.tool_grammar_calls import NamedCall, RequiredCalls
+from pagedserve.server.api.tool_parsers import ToolParser
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import StructuredOutputsParams
 
@@ -85,14 +86,24 @@ def _list(value: Any) -> list[Any]:
 def _tool(i: int, value: Any) -> dict[str, Any]:
     where = f"tools[{i}]"
     fields = Fields(value, prefix=f"{where}.")
-    kind = fields.string("type", required=True)
-    if kind != "function":
-        raise InvalidRequestError(f"{where}.type {show(kind)} is not supported: only "
-                                  "\"function\" is", param=f"{where}.type")
+    check_function_type(fields, where)
     function = fields.object("function")
     fields.finish()
     if function is None:
         raise InvalidRequestError(f"{where}.function is required", param=f"{where}.function")
+    return {"type": "function", "function": read_function(function, f"{where}.function")}
+
+
+def check_function_type(fields: Fields, where: str) -> None:
+    kind = fields.string("type", required=True)
+    if kind != "function":
+        raise InvalidRequestError(f"{where}.type {show(kind)} is not supported: only "
+                                  "\"function\" is", param=f"{where}.type")
+
+
+def read_function(function: Fields, where: str) -> dict[str, Any]:
+    """A function's ``name``, ``description`` and ``parameters`` (all of ``function``'s
+    members: anything else is refused by name)."""
     checked = {"name": function.string("name", required=True)}
     description = function.string("description")
     if description is not None:
@@ -100,25 +111,16 @@ def _tool(i: int, value: Any) -> dict[str, Any]:
     parameters = function.raw("parameters")
     if parameters is not None:
         if not isinstance(parameters, dict):
-            raise type_error(f"{where}.function.parameters", "a JSON schema object",
-                             parameters)
+            raise type_error(f"{where}.parameters", "a JSON schema object", parameters)
         checked["parameters"] = parameters
     function.boolean("strict", False)  # the grammar holds a required or named call to it
     function.finish()
-    return {"type": "function", "function": checked}
+    return checked
 
 
 def _choice(value: Any, tools: list[dict[str, Any]]) -> str:
-    if value is None:
-        return "auto" if tools else "none"
-    if isinstance(value, str):
-        if value not in ("none", "auto", "required"):
-            raise type_error("tool_choice", "\"none\", \"auto\", \"required\" or a named "
-                             "function", value)
-        if value == "required" and not tools:
-            raise InvalidRequestError("tool_choice \"required\" needs tools",
-                                      param="tool_choice")
-        return value
+    if value is None or isinstance(value, str):
+        return choice_option(value, tools)
     fields = Fields(value, prefix="tool_choice.")
     if fields.string("type", required=True) != "function":
         raise type_error("tool_choice.type", "\"function\"", value.get("type"))
@@ -129,6 +131,23 @@ def _choice(value: Any, tools: list[dict[str, Any]]) -> str:
                                   param="tool_choice.function")
     name = function.string("name", required=True)
     function.finish()
+    return named_choice(name, tools)
+
+
+def choice_option(value: str | None, tools: list[dict[str, Any]]) -> str:
+    """``tool_choice`` given as a string, or absent (``auto`` with tools, else ``none``)."""
+    if value is None:
+        return "auto" if tools else "none"
+    if value not in ("none", "auto", "required"):
+        raise type_error("tool_choice", "\"none\", \"auto\", \"required\" or a named "
+                         "function", value)
+    if value == "required" and not tools:
+        raise InvalidRequestError("tool_choice \"required\" needs tools",
+                                  param="tool_choice")
+    return value
+
+
+def named_choice(name: str, tools: list[dict[str, Any]]) -> str:
     names = [t["function"]["name"] for t in tools]
     if name not in names:
         raise InvalidRequestError(f"tool_choice names function {show(name)}, which is not "

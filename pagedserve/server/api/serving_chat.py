@@ -30,7 +30,8 @@ from pagedserve.server.api.serving_common import (
 )
 from pagedserve.server.api.sse import stream_events
 from pagedserve.server.api.state import CONFIG_KEY
-from pagedserve.server.api.tool_parsers import NamedCall, ToolParser, ToolStream
+from pagedserve.server.api.tool_grammar_calls import NamedCall
+from pagedserve.server.api.tool_parsers import ToolParser, ToolStream
 from pagedserve.server.engine.core.outputs import PositionLogprobs
 from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.sampling_params import SamplingParams
@@ -188,12 +189,12 @@ class _ChatView:
 
 class _StreamedCalls:
     """Each choice's tool calls as its text streams: the content to send now, and the
-    calls completed so far as OpenAI's ``tool_calls`` deltas (numbered per choice)."""
+    pieces of its calls as OpenAI's ``tool_calls`` deltas (numbered per choice)."""
 
     def __init__(self, parser: ToolParser | None) -> None:
         self._parser = parser
         self._streams: dict[int, ToolStream] = {}
-        self._counts: dict[int, int] = {}
+        self._called: set[int] = set()
 
     def feed(self, index: int, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         if self._parser is None:
@@ -201,14 +202,13 @@ class _StreamedCalls:
         stream = self._streams.get(index)
         if stream is None:
             stream = self._streams[index] = self._parser.stream()
-        content, calls = stream.feed(text, final)
-        first = self._counts.get(index, 0)
-        self._counts[index] = first + len(calls)
-        return content, [{"index": first + k, **call.to_openai()}
-                         for k, call in enumerate(calls)]
+        content, deltas = stream.feed(text, final)
+        if deltas:
+            self._called.add(index)
+        return content, [delta.to_openai() for delta in deltas]
 
     def called(self, index: int) -> bool:
-        return self._counts.get(index, 0) > 0
+        return index in self._called
 
 
 def _echoed(req: ChatCompletionRequest) -> str:

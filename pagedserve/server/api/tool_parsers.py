@@ -6,7 +6,12 @@ describe): each call a JSON object ``{"name": ..., "arguments": {...}}`` between
 content. A call whose JSON does not parse stays in the content as text, as vLLM leaves it.
 
 ``tool_choice`` "required" and a named function are enforced by a grammar instead (see
-``protocol_tools``); their outputs are read by ``RequiredCalls`` and ``NamedCall``.
+``protocol_tools``); ``tool_grammar_calls`` reads their outputs.
+
+A stream sends each call as ``ToolCallDelta`` pieces: the first carries the call's id and
+name, and the pieces' ``arguments`` add up to the call's whole arguments text. A Hermes call
+is sent whole once its closing tag arrives (its JSON names the call after or before its
+arguments, and a call that does not parse is content after all).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
-def _call_id() -> str:
+def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
@@ -28,19 +33,50 @@ def _call_id() -> str:
 class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI sends it
-    id: str = field(default_factory=_call_id)
+    id: str = field(default_factory=call_id)
 
     def to_openai(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function",
                 "function": {"name": self.name, "arguments": self.arguments}}
 
 
+@dataclass(slots=True)
+class ToolCallDelta:
+    """A piece of one streamed call."""
+
+    index: int  # the call's place among its choice's calls
+    arguments: str  # the next piece of its arguments' JSON text
+    id: str | None = None  # the call's id and name, on its first piece only
+    name: str | None = None
+
+    @classmethod
+    def whole(cls, index: int, call: ToolCall) -> ToolCallDelta:
+        return cls(index, call.arguments, call.id, call.name)
+
+    def to_openai(self) -> dict[str, Any]:
+        """As a chat chunk's ``tool_calls`` item."""
+        if self.id is None:
+            return {"index": self.index, "function": {"arguments": self.arguments}}
+        return {"index": self.index, "id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def assemble(deltas: list[ToolCallDelta]) -> list[ToolCall]:
+    """The whole calls that streamed pieces make."""
+    calls: dict[int, ToolCall] = {}
+    for delta in deltas:
+        if delta.id is not None:
+            calls[delta.index] = ToolCall(delta.name or "", "", delta.id)
+        calls[delta.index].arguments += delta.arguments
+    return list(calls.values())
+
+
 class ToolStream(ABC):
     """One choice's text as it streams: ``feed`` returns the content to send now and the
-    calls completed by this piece; ``final`` flushes whatever was held back."""
+    pieces of calls this text adds; ``final`` flushes whatever was held back."""
 
     @abstractmethod
-    def feed(self, text: str, final: bool) -> tuple[str, list[ToolCall]]: ...
+    def feed(self, text: str, final: bool) -> tuple[str, list[ToolCallDelta]]: ...
 
 
 class ToolParser(ABC):
@@ -52,21 +88,21 @@ class ToolParser(ABC):
     def stream(self) -> ToolStream: ...
 
 
-def _call_from_json(body: str, arguments_key: str = "arguments") -> ToolCall | None:
+def _call_from_json(body: str) -> ToolCall | None:
     try:
         value = json.loads(body)
     except ValueError:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = value.get(arguments_key, {})
+    arguments = value.get("arguments", {})
     return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
 class HermesToolParser(ToolParser):
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        stream = self.stream()
-        content, calls = stream.feed(text, final=True)
+        content, deltas = self.stream().feed(text, final=True)
+        calls = assemble(deltas)
         return (content.strip() or None) if calls else (content or None), calls
 
     def stream(self) -> ToolStream:
@@ -77,10 +113,12 @@ class _HermesStream(ToolStream):
     def __init__(self) -> None:
         self._held = ""
         self._in_call = False
+        self._count = 0
 
-    def feed(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
+    def feed(self, text: str, final: bool) -> tuple[str, list[ToolCallDelta]]:
         self._held += text
-        content, calls = [], []
+        content: list[str] = []
+        calls: list[ToolCall] = []
         while True:
             if self._in_call:
                 end = self._held.find(_CLOSE)
@@ -110,7 +148,9 @@ class _HermesStream(ToolStream):
             else:
                 calls.append(call)
             self._held, self._in_call = "", False
-        return "".join(content), calls
+        first, self._count = self._count, self._count + len(calls)
+        return "".join(content), [ToolCallDelta.whole(first + k, call)
+                                  for k, call in enumerate(calls)]
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -119,50 +159,6 @@ def _partial_suffix(text: str, marker: str) -> int:
         if text.endswith(marker[:size]):
             return size
     return 0
-
-
-class _WholeStream(ToolStream):
-    """Holds the text until the end: the grammar-shaped outputs are read whole."""
-
-    def __init__(self, parser: ToolParser) -> None:
-        self._parser = parser
-        self._text = ""
-
-    def feed(self, text: str, final: bool) -> tuple[str, list[ToolCall]]:
-        self._text += text
-        if not final:
-            return "", []
-        content, calls = self._parser.extract(self._text)
-        return content or "", calls
-
-
-class RequiredCalls(ToolParser):
-    """``tool_choice: "required"``: the grammar made the output a JSON array of
-    ``{"name": ..., "parameters": {...}}``."""
-
-    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        try:
-            items = json.loads(text)
-        except ValueError:
-            return text or None, []  # cut short by max_tokens: the text is all there is
-        calls = [_call_from_json(json.dumps(item), "parameters") for item in items]
-        return None, [c for c in calls if c is not None]
-
-    def stream(self) -> ToolStream:
-        return _WholeStream(self)
-
-
-class NamedCall(ToolParser):
-    """A named ``tool_choice``: the grammar made the output that function's arguments."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return None, [ToolCall(self.name, text)]
-
-    def stream(self) -> ToolStream:
-        return _WholeStream(self)
 
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesToolParser}
