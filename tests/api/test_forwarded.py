@@ -141,14 +141,14 @@ async def test_a_trusted_proxys_connections_are_not_one_clients(
 async def test_the_tenant_is_the_proxied_client(
         proxied_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = proxied_server.engine
-    add_request = engine.add_request
+    add_prepared = engine.add_prepared
     tenants: list[str | None] = []
 
     def recording(*args: Any, tenant: str | None = None, **kwargs: Any) -> Any:
         tenants.append(tenant)
-        return add_request(*args, tenant=tenant, **kwargs)
+        return add_prepared(*args, tenant=tenant, **kwargs)
 
-    monkeypatch.setattr(engine, "add_request", recording)
+    monkeypatch.setattr(engine, "add_prepared", recording)
     body = b'{"model": "%s", "prompt": "a", "max_tokens": 1}' % MODEL.encode()
     for peer in (PROXY, OTHER_PEER):
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
