@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.server.api.protocol_completions import read_stream_options
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
 from pagedserve.server.api.protocol_prompt import PromptEncoding, read_prompt_encoding
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
-from pagedserve.server.api.protocol_tools import ToolRequest, read_tools, template_messages
+from pagedserve.server.api.protocol_tools import ToolRequest, attach_tools, read_tools
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import MAX_LOGPROBS
 
@@ -140,22 +140,10 @@ def parse_chat_request(body: Any) -> ChatCompletionRequest:
 
 
 def _read_tools(fields: Fields, request: ChatCompletionRequest) -> None:
-    """Tools reach the template; a required or named choice becomes the output's grammar."""
+    """Tools, when the request sends them, reach the template (``attach_tools``)."""
     tools = read_tools(fields)
-    if tools is None:
-        return
-    request.tools = tools
-    request.messages = template_messages(request.messages)
-    request.rendering = replace(request.rendering,
-                                variables={**request.rendering.variables, "tools": tools.tools})
-    constraint = tools.constraint()
-    if constraint is None:
-        return
-    other = request.sampling.get("structured_outputs")
-    if other is not None:
-        raise InvalidRequestError(f"tool_choice {show(tools.choice)} and {other.source} both "
-                                  "constrain the output: send one", param="tool_choice")
-    request.sampling["structured_outputs"] = constraint
+    if tools is not None:
+        attach_tools(request, tools)
 
 
 def read_messages(value: Any) -> list[Any]:

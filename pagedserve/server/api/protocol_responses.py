@@ -21,7 +21,7 @@ from pagedserve.server.api.protocol_fields import Fields, show, type_error
 from pagedserve.server.api.protocol_responses_tools import add_input_item, read_response_tools
 from pagedserve.server.api.protocol_sampling import read_sampling_fields
 from pagedserve.server.api.protocol_structured import read_json_schema
-from pagedserve.server.api.protocol_tools import ToolRequest, template_messages
+from pagedserve.server.api.protocol_tools import ToolRequest, attach_tools
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import StructuredOutputsParams
 
@@ -158,22 +158,10 @@ def _read_metadata(value: Any) -> dict[str, Any]:
 
 
 def _read_tools(fields: Fields, request: ResponsesRequest) -> None:
-    """As chat's: the tools reach the template; a required or named choice becomes the
-    output's grammar."""
+    """Tools, when the request sends them, reach the template (``attach_tools``)."""
     tools = read_response_tools(fields)
-    if tools is None:
-        return
-    request.tools = tools
-    request.messages = template_messages(request.messages)
-    request.rendering = ChatRendering(variables={"tools": tools.tools})
-    constraint = tools.constraint()
-    if constraint is None:
-        return
-    other = request.sampling.get("structured_outputs")
-    if other is not None:
-        raise InvalidRequestError(f"tool_choice {show(tools.choice)} and {other.source} both "
-                                  "constrain the output: send one", param="tool_choice")
-    request.sampling["structured_outputs"] = constraint
+    if tools is not None:
+        attach_tools(request, tools)
 
 
 def _read_text(text: Fields | None) -> StructuredOutputsParams | None:

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pagedserve.server.api.protocol_fields import Fields, show, type_error
 from pagedserve.server.api.tool_grammar_calls import NamedCall, RequiredCalls
 from pagedserve.server.api.tool_parsers import ToolParser
 from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:  # protocol_chat imports this module
+    from pagedserve.server.api.protocol_chat import ChatRendering
 
 _ANY_OBJECT = {"type": "object"}
 
@@ -153,6 +156,32 @@ def named_choice(name: str, tools: list[dict[str, Any]]) -> str:
         raise InvalidRequestError(f"tool_choice names function {show(name)}, which is not "
                                   f"among the tools ({show(names)})", param="tool_choice")
     return name
+
+
+class ToolCarrier(Protocol):
+    """What a chat or a responses request holds that its tools change."""
+
+    tools: ToolRequest | None
+    messages: list[Any]
+    rendering: ChatRendering
+    sampling: dict[str, Any]
+
+
+def attach_tools(request: ToolCarrier, tools: ToolRequest) -> None:
+    """The tools reach the template; a required or named choice becomes the output's
+    grammar, which no other constraint may join."""
+    request.tools = tools
+    request.messages = template_messages(request.messages)
+    request.rendering = replace(request.rendering,
+                                variables={**request.rendering.variables, "tools": tools.tools})
+    constraint = tools.constraint()
+    if constraint is None:
+        return
+    other = request.sampling.get("structured_outputs")
+    if other is not None:
+        raise InvalidRequestError(f"tool_choice {show(tools.choice)} and {other.source} both "
+                                  "constrain the output: send one", param="tool_choice")
+    request.sampling["structured_outputs"] = constraint
 
 
 def template_messages(messages: list[Any]) -> list[Any]:
