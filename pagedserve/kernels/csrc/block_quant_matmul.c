@@ -1,0 +1,243 @@
+/* y = x W^T for a weight stored in blocks of 32 inputs, each block its own float32 scale (and,
+ * for 4-bit codes, its own min), computed as GGUF's CPU runtime does: each row of x is first
+ * quantized per block of 32 to int8 with a float16-rounded scale d_x (and the block's sum),
+ * each (weight block, activation block) pair is an integer dot product, and the block's scales
+ * are applied in float32:
+ *
+ *   4-bit (w = d_w q + m_w, q in 0..15):  d_w d_x sum(q a) + m_w d_x sum(a)
+ *   8-bit (w = d_w q, q in -128..127):    stored as u = q + 128, so that the dot product is
+ *                                         unsigned x signed: d_w d_x sum(u a) - 128 d_w d_x sum(a)
+ *
+ * so both are  d_w d_x sum(u a) + M factor d_x sum(a)  with M the mins (factor 1), or the
+ * scales (factor -128 for 8-bit; -8 for 4-bit codes whose min is -8 d_w, GGUF's Q4_0, which
+ * then stores no mins).
+ *
+ * Layout, prepared once at load (cpu_block_quant.py): outputs in groups of 16 (padded), inputs
+ * in blocks of 32 (padded). For group g and block b the codes are 8 chunks of 4 inputs, each
+ * chunk 16 outputs x 4 inputs (byte 4 o + j: output o, input j): one 512-bit register whose
+ * 32-bit lane o is output o, so that a VNNI dot product against 4 activation bytes broadcast to
+ * every lane advances all 16 outputs at once, the block's sum stays in int32 and is scaled once
+ * per block. 8-bit: 8 x 64 bytes. 4-bit: 4 x 64 bytes, chunk 2t in the low nibbles and chunk
+ * 2t + 1 in the high ones. Scales and mins: [groups, blocks, 16] float32.
+ *
+ * Each thread takes a run of output groups and, for each, all the rows of x in tiles of 8: the
+ * group's weights (16 x in/2 bytes for 4-bit) stay in L1 while every row reads them, so a
+ * weight is read from memory once per call (per chunk of CHUNK_ROWS rows for a long prefill).
+ * The AVX-512 VNNI path is compiled where the target has it; the portable path computes the
+ * same integer sums (results differ only in float32 rounding order) and runs when `simd` is 0.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define HAVE_VNNI 1
+#else
+#define HAVE_VNNI 0
+#endif
+
+#define GROUP 16
+#define BLOCK 32
+#define TILE_ROWS 8
+#define CHUNK_ROWS 64
+
+int block_quant_has_simd(void) { return HAVE_VNNI; }
+
+/* float -> float16 -> float, rounding to nearest even, for d >= 0 (an activation scale). */
+static float round_f16(float d) {
+    if (d < 6.103515625e-05f) { /* float16 subnormals: steps of 2^-24 */
+        const float steps = d * 16777216.0f;
+        const int32_t whole = (int32_t)steps;
+        const float frac = steps - (float)whole;
+        const int32_t up = frac > 0.5f || (frac == 0.5f && (whole & 1));
+        return (float)(whole + up) * 5.9604644775390625e-08f;
+    }
+    uint32_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    bits += 0x0fffu + ((bits >> 13) & 1u);
+    bits &= ~0x1fffu;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out > 65504.0f ? 65504.0f : out;
+}
+
+/* Rounds half to even, as the vector units do (|v| <= 127 here). */
+static inline int32_t round_even(float v) {
+    const float shifted = v + 128.0f;
+    int32_t whole = (int32_t)shifted;
+    const float frac = shifted - (float)whole;
+    whole += frac > 0.5f || (frac == 0.5f && (whole & 1));
+    return whole - 128;
+}
+
+/* Row x[0:k] -> qa [k_pad] int8, da [blocks] the float16-rounded scales, sa [blocks]
+ * factor * d_x * sum(a); blocks past k are zero. */
+static void quantize_row(const float *x, int64_t k, int64_t k_pad, float factor, int8_t *qa,
+                         float *da, float *sa) {
+    for (int64_t b = 0; b < k_pad / BLOCK; b++) {
+        float vals[BLOCK], amax = 0.0f;
+        for (int j = 0; j < BLOCK; j++) {
+            const int64_t i = b * BLOCK + j;
+            vals[j] = i < k ? x[i] : 0.0f;
+            const float a = vals[j] < 0 ? -vals[j] : vals[j];
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < BLOCK; j++) {
+            const int32_t q = round_even(vals[j] * inv);
+            sum += q;
+            qa[b * BLOCK + j] = (int8_t)q;
+        }
+        da[b] = round_f16(d);
+        sa[b] = factor * da[b] * (float)sum;
+    }
+}
+
+typedef struct {
+    const uint8_t *w;
+    const float *scales, *mins;
+    int64_t blocks, bits;
+} weights;
+
+typedef struct {
+    const int8_t *qa;
+    const float *da, *sa;
+    int64_t blocks;
+} acts;
+
+/* out[r][o] = outputs g * 16 + o of activation rows r0 + r. */
+static void tile_portable(const weights *wt, const acts *xa, int64_t g, int64_t r0, int nr,
+                          float out[TILE_ROWS][GROUP]) {
+    const int64_t block_bytes = wt->bits == 4 ? 256 : 512;
+    for (int r = 0; r < nr; r++)
+        for (int o = 0; o < GROUP; o++) out[r][o] = 0.0f;
+    for (int64_t b = 0; b < wt->blocks; b++) {
+        const uint8_t *w = wt->w + (g * wt->blocks + b) * block_bytes;
+        const float *sc = wt->scales + (g * wt->blocks + b) * GROUP;
+        const float *mn = wt->mins + (g * wt->blocks + b) * GROUP;
+        for (int r = 0; r < nr; r++) {
+            const int64_t row = (r0 + r) * xa->blocks + b;
+            const int8_t *a = xa->qa + row * BLOCK;
+            for (int o = 0; o < GROUP; o++) {
+                int32_t sum = 0;
+                for (int c = 0; c < 8; c++)
+                    for (int j = 0; j < 4; j++) {
+                        const int32_t u = wt->bits == 4
+                            ? (w[(c / 2) * 64 + o * 4 + j] >> (4 * (c % 2))) & 15
+                            : w[c * 64 + o * 4 + j];
+                        sum += u * a[c * 4 + j];
+                    }
+                out[r][o] += sc[o] * xa->da[row] * (float)sum + mn[o] * xa->sa[row];
+            }
+        }
+    }
+}
+
+#if HAVE_VNNI
+static inline int32_t load_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void tile_vnni(const weights *wt, const acts *xa,
+                                                            int64_t g, int64_t r0, const int nr,
+                                                            float out[TILE_ROWS][GROUP]) {
+    const int four = wt->bits == 4;
+    const int64_t block_bytes = four ? 256 : 512;
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 acc[TILE_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < wt->blocks; b++) {
+        const uint8_t *w = wt->w + (g * wt->blocks + b) * block_bytes;
+        __m512i dot[TILE_ROWS];
+        for (int r = 0; r < nr; r++) dot[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c += 2) {
+            __m512i even, odd;
+            if (four) {
+                const __m512i packed = _mm512_loadu_si512(w + (c / 2) * 64);
+                even = _mm512_and_si512(packed, low);
+                odd = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+            } else {
+                even = _mm512_loadu_si512(w + c * 64);
+                odd = _mm512_loadu_si512(w + (c + 1) * 64);
+            }
+            for (int r = 0; r < nr; r++) {
+                const int8_t *a = xa->qa + ((r0 + r) * xa->blocks + b) * BLOCK + c * 4;
+                dot[r] = _mm512_dpbusd_epi32(dot[r], even, _mm512_set1_epi32(load_i32(a)));
+                dot[r] = _mm512_dpbusd_epi32(dot[r], odd, _mm512_set1_epi32(load_i32(a + 4)));
+            }
+        }
+        const __m512 sc = _mm512_loadu_ps(wt->scales + (g * wt->blocks + b) * GROUP);
+        const __m512 mn = _mm512_loadu_ps(wt->mins + (g * wt->blocks + b) * GROUP);
+        for (int r = 0; r < nr; r++) {
+            const int64_t row = (r0 + r) * xa->blocks + b;
+            const __m512 scale = _mm512_mul_ps(sc, _mm512_set1_ps(xa->da[row]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xa->sa[row]), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+static void tile_simd(const weights *wt, const acts *xa, int64_t g, int64_t r0, int nr,
+                      float out[TILE_ROWS][GROUP]) {
+    switch (nr) { /* constant row counts, so that the accumulators stay in registers */
+    case 8: tile_vnni(wt, xa, g, r0, 8, out); break;
+    case 7: tile_vnni(wt, xa, g, r0, 7, out); break;
+    case 6: tile_vnni(wt, xa, g, r0, 6, out); break;
+    case 5: tile_vnni(wt, xa, g, r0, 5, out); break;
+    case 4: tile_vnni(wt, xa, g, r0, 4, out); break;
+    case 3: tile_vnni(wt, xa, g, r0, 3, out); break;
+    case 2: tile_vnni(wt, xa, g, r0, 2, out); break;
+    default: tile_vnni(wt, xa, g, r0, 1, out); break;
+    }
+}
+#endif
+
+/* y [rows, n] (row stride y_stride) = x [rows, k] (row stride x_stride) times the weight^T;
+ * w, scales and mins (NULL: the scales, with factor) in the layout above, k_pad a multiple of
+ * 32, n padded to groups of 16. */
+void block_quant_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
+                        const uint8_t *w, const float *scales, const float *mins, float factor,
+                        int64_t bits, int64_t n, int64_t k_pad, float *y, int64_t y_stride,
+                        int64_t threads, int64_t simd) {
+    const int64_t blocks = k_pad / BLOCK, groups = (n + GROUP - 1) / GROUP;
+    int8_t *qa = malloc((size_t)(rows * k_pad));
+    float *da = malloc((size_t)(rows * blocks) * sizeof(float));
+    float *sa = malloc((size_t)(rows * blocks) * sizeof(float));
+    const weights wt = {w, scales, mins ? mins : scales, blocks, bits};
+    const acts xa = {qa, da, sa, blocks};
+    if (mins) factor = 1.0f;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++)
+            quantize_row(x + r * x_stride, k, k_pad, factor, qa + r * k_pad, da + r * blocks,
+                         sa + r * blocks);
+        for (int64_t chunk = 0; chunk < rows; chunk += CHUNK_ROWS) {
+            const int64_t chunk_end = chunk + CHUNK_ROWS < rows ? chunk + CHUNK_ROWS : rows;
+#pragma omp for schedule(static) nowait
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t width = n - g * GROUP < GROUP ? n - g * GROUP : GROUP;
+                for (int64_t r0 = chunk; r0 < chunk_end; r0 += TILE_ROWS) {
+                    const int nr = (int)(chunk_end - r0 < TILE_ROWS ? chunk_end - r0 : TILE_ROWS);
+                    float out[TILE_ROWS][GROUP];
+#if HAVE_VNNI
+                    if (simd) tile_simd(&wt, &xa, g, r0, nr, out);
+                    else
+#endif
+                        tile_portable(&wt, &xa, g, r0, nr, out);
+                    for (int r = 0; r < nr; r++)
+                        memcpy(y + (r0 + r) * y_stride + g * GROUP, out[r],
+                               (size_t)width * sizeof(float));
+                }
+            }
+        }
+    }
+    free(qa);
+    free(da);
+    free(sa);
+}
