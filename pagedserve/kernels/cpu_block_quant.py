@@ -75,7 +75,7 @@ class BlockQuantState:
     codes: torch.Tensor  # uint8, the kernel's tiled layout
     scales: torch.Tensor  # float32 [out_padded / 16, blocks, 16]
     mins: torch.Tensor | None  # float32 like scales; None: scales * factor
-    factor: float
+    factor: float  # of the mins, or of the scales where there are none
     bits: int
     in_features: int
     out_features: int
@@ -146,4 +146,22 @@ def _nbytes(state: BlockQuantState) -> int:
     return sum(p.numel() * p.element_size() for p in parts)
 
 
-BLOCK_QUANT_KERNEL = QuantKernel("block-int8-dot (C)", _supports, _prepare, _linear, _nbytes)
+def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Output rows ``ids`` of the weight, dequantized: w = u d + factor M."""
+    groups, blocks, _ = state.scales.shape
+    group, lane = ids // GROUP_OUT, ids % GROUP_OUT
+    if state.bits == 8:
+        packed = state.codes.view(groups, blocks, 8, GROUP_OUT, 4)[group, :, :, lane]
+        codes = packed.reshape(len(ids), blocks, GROUP_SIZE)
+    else:
+        packed = state.codes.view(groups, blocks, 4, GROUP_OUT, 4)[group, :, :, lane]
+        codes = torch.stack([packed & 15, packed >> 4], dim=3).reshape(len(ids), blocks,
+                                                                         GROUP_SIZE)
+    scales = state.scales[group, :, lane]
+    offsets = (state.scales if state.mins is None else state.mins)[group, :, lane]
+    w = codes.float() * scales[..., None] + state.factor * offsets[..., None]
+    return w.reshape(len(ids), -1)[:, : state.in_features].to(dtype)
+
+
+BLOCK_QUANT_KERNEL = QuantKernel("block-int8-dot (C)", _supports, _prepare, _linear, _nbytes,
+                                 _lookup)

@@ -19,8 +19,12 @@ Both run their vectorised paths for bfloat16 activations only (float32 and float
 take a scalar loop, ten times slower or worse at every shape measured by
 ``benchmarks/quantized_linear.py``), so a call casts the activation to bfloat16 and the result
 back to the caller's dtype. bfloat16 keeps 8 significant bits: results match the reference to
-about 1% of each output's magnitude, not bit for bit. Per-group int8 (GGUF's Q8_0) has no op
-here and runs on the reference kernel.
+about 1% of each output's magnitude, not bit for bit.
+
+Weights in groups of 32 (GGUF's Q8_0, Q4_0, Q4_1, Q4_K, and ``--quantization int4``) run first
+on the C kernel of ``cpu_block_quant.py`` where it is built (measured 2-4x faster than the int4
+op at every row count of ``benchmarks/quantized_linear.py``, and closer to float32); these ops
+take the rest, and everything when no C compiler is present.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
 from pagedserve.kernels.quantized_linear import QuantizedWeight, QuantKernel, unpack_nibbles
 
 COMPUTE_DTYPE = torch.bfloat16
@@ -145,4 +150,4 @@ INT8_KERNEL = QuantKernel("aten._weight_int8pack_mm", _int8_supports, _int8_prep
                           _int8_linear, _int8_nbytes)
 INT4_KERNEL = QuantKernel("aten._weight_int4pack_mm_for_cpu", _int4_supports, _int4_prepare,
                           _int4_linear, _int4_nbytes)
-CPU_KERNELS = (INT8_KERNEL, INT4_KERNEL)
+CPU_KERNELS = (BLOCK_QUANT_KERNEL, INT8_KERNEL, INT4_KERNEL)

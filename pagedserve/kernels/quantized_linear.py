@@ -151,13 +151,29 @@ def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch
 class QuantKernel:
     """One way to run a quantized matmul: ``supports(qw, device)``, ``prepare(qw) -> state``
     once at load (the layout this kernel reads; ``state_nbytes(state)`` counts it) and
-    ``linear(x, state, bias | None) -> y`` per call."""
+    ``linear(x, state, bias | None) -> y`` per call. ``lookup(state, ids, dtype)``, where a
+    kernel has one, dequantizes the output rows ``ids`` of its state: a tied embedding then
+    reads the LM head's state rather than keeping a copy of the table."""
 
     name: str
     supports: Callable[[QuantizedWeight, torch.device], bool]
     prepare: Callable[[QuantizedWeight], Any]
     linear: Callable[[torch.Tensor, Any, torch.Tensor | None], torch.Tensor]
     state_nbytes: Callable[[Any], int]
+    lookup: Callable[[Any, torch.Tensor, torch.dtype], torch.Tensor] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedTable:
+    """A kernel's state read as a table of rows (``QuantKernel.lookup``)."""
+
+    state: Any
+    lookup: Callable[[Any, torch.Tensor, torch.dtype], torch.Tensor]
+    out_features: int
+    in_features: int
+
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.lookup(self.state, ids, dtype)
 
 
 def reference_linear(x: torch.Tensor, qw: QuantizedWeight,

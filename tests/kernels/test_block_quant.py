@@ -141,3 +141,12 @@ def test_without_the_c_build_torch_ops_take_over(monkeypatch) -> None:
     finally:
         monkeypatch.delenv(cpu_block_quant.ENV)
         cpu_block_quant._library.cache_clear()
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0])
+def test_rows_are_looked_up_as_stored(qtype) -> None:
+    weight = repack(int(qtype), _blocks(qtype, 37, 96, 6), (37, 96))
+    state = BLOCK_QUANT_KERNEL.prepare(weight)
+    ids = torch.tensor([0, 36, 17, 17, 5])
+    rows = BLOCK_QUANT_KERNEL.lookup(state, ids, torch.float32)
+    assert torch.equal(rows, dequantize(weight)[ids])

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pagedserve.kernels import cpu_block_quant
+from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
 from pagedserve.kernels.cpu_quantized_linear import (
     INT4_DENSE_ROWS,
     INT4_KERNEL,
@@ -121,9 +123,14 @@ def test_int4_op_keeps_leading_dims() -> None:
 def test_choice_follows_the_backend_and_the_format() -> None:
     int8_grouped = quantize_int8(_weight(16, 64), group_size=32)
     cpu_kernels = get_kernel_ops("cpu", "inductor").quantized_kernels
+    built = cpu_block_quant.available()
     assert choose_kernel(cpu_kernels, quantize_int8(_weight(16, 64)), CPU) is INT8_KERNEL
-    assert choose_kernel(cpu_kernels, quantize_int4(_weight(16, 64)), CPU) is INT4_KERNEL
-    assert choose_kernel(cpu_kernels, int8_grouped, CPU) is REFERENCE  # no per-group int8 op
+    assert choose_kernel(cpu_kernels, quantize_int4(_weight(16, 64)), CPU) is (
+        BLOCK_QUANT_KERNEL if built else INT4_KERNEL)
+    assert choose_kernel(cpu_kernels, quantize_int4(_weight(16, 64), 64), CPU) is INT4_KERNEL
+    # Per-group int8 runs only on the C kernel.
+    assert choose_kernel(cpu_kernels, int8_grouped, CPU) is (
+        BLOCK_QUANT_KERNEL if built else REFERENCE)
     assert choose_kernel(cpu_kernels, quantize_int4(_weight(16, 64), 16), CPU) is REFERENCE
     torch_kernels = get_kernel_ops("cpu", "torch").quantized_kernels
     assert choose_kernel(torch_kernels, quantize_int4(_weight(16, 64)), CPU) is REFERENCE

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from pagedserve.kernels import cpu_block_quant
+from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
 from pagedserve.kernels.cpu_quantized_linear import CPU_KERNELS, INT4_KERNEL, INT8_KERNEL
 from pagedserve.kernels.dispatch import TORCH_OPS
 from pagedserve.kernels.quantized_linear import REFERENCE, QuantizationError, dequantize
@@ -29,6 +31,10 @@ from tests.models.test_model_families import _prompts
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
 CPU_QUANT_OPS = replace(TORCH_OPS, quantized_kernels=CPU_KERNELS)
+# Blocks of 32 run on the C kernel where it is built, else on torch's ops (Q8_0 rescaled).
+BUILT = cpu_block_quant.available()
+Q4_1_KERNEL = BLOCK_QUANT_KERNEL if BUILT else INT4_KERNEL
+Q8_0_KERNEL = BLOCK_QUANT_KERNEL if BUILT else INT8_KERNEL
 
 
 def _random_k_blocks(rows: int, inp: int, seed: int) -> np.ndarray:
@@ -86,7 +92,7 @@ def _logits(model, config) -> list[torch.Tensor]:
     return PagedHarness(model, config).step(list(_prompts(config.vocab_size).items()))
 
 
-@pytest.mark.parametrize(("qtype", "kernel"), [("Q4_1", INT4_KERNEL), ("Q8_0", INT8_KERNEL)])
+@pytest.mark.parametrize(("qtype", "kernel"), [("Q4_1", Q4_1_KERNEL), ("Q8_0", Q8_0_KERNEL)])
 def test_gguf_projections_run_as_stored(tied_files, qtype, kernel, caplog) -> None:
     path = tied_files[qtype]
     with caplog.at_level(logging.INFO, logger="pagedserve.server.models.loader"):
@@ -132,5 +138,5 @@ def test_each_rank_keeps_the_blocks_of_its_shard(tied_files) -> None:
 def test_int8_and_int4_apply_to_a_gguf_file_too(tied_files) -> None:
     model, _ = load_model(tied_files["Q8_0"], dtype="float32", kernel_ops=CPU_QUANT_OPS,
                           quantization="int4")
-    assert all(m.packing is INT4_KERNEL for m in model.modules()
+    assert all(m.packing is Q4_1_KERNEL for m in model.modules()
                if isinstance(m, PackableLinear))

@@ -22,6 +22,7 @@ from torch import nn
 from pagedserve.kernels.quantized_linear import (
     REFERENCE,
     QuantizationError,
+    QuantizedTable,
     QuantizedWeight,
     QuantKernel,
     choose_kernel,
@@ -57,7 +58,7 @@ def keep_gguf_types(model: nn.Module, path: Path, config: ModelConfig,
     if config.tie_word_embeddings and LM_HEAD not in tensors and EMBEDDING in tensors:
         tensors[LM_HEAD] = tensors[EMBEDDING]
     counts: Counter[str] = Counter()
-    head_weight = None
+    head: tuple[QuantizedWeight, QuantKernel, PackableLinear] | None = None
     for prefix, layer in model.named_modules():
         if not isinstance(layer, PackableLinear) or layer.weight is None:
             continue
@@ -75,10 +76,10 @@ def keep_gguf_types(model: nn.Module, path: Path, config: ModelConfig,
         rescaled = weight.scheme == "int8" and weight.num_groups == 1
         counts[kernel.name + (" (int8 groups rescaled per channel)" if rescaled else "")] += 1
         if prefix.endswith("lm_head"):
-            head_weight = weight
+            head = (weight, kernel, layer)
     embedding = _embedding(model)
     if embedding is not None and kernels:
-        counts.update(_quantize_embedding(embedding, tensors, head_weight,
+        counts.update(_quantize_embedding(embedding, tensors, head,
                                           config.tie_word_embeddings))
     return counts
 
@@ -102,13 +103,19 @@ def _embedding(model: nn.Module) -> VocabParallelEmbedding | None:
 
 
 def _quantize_embedding(embedding: VocabParallelEmbedding, tensors: Mapping[str, GGUFTensor],
-                        head_weight: QuantizedWeight | None, tied: bool) -> Counter[str]:
+                        head: tuple[QuantizedWeight, QuantKernel, PackableLinear] | None,
+                        tied: bool) -> Counter[str]:
     """Looks the embedding's rows up in quantized codes: the LM head's when the two are tied
     (the table is no longer held float by either), else the file's own blocks."""
     if tied:
-        if head_weight is None:
+        if head is None:
             return Counter()
-        embedding.quantize(head_weight)
+        weight, kernel, layer = head
+        if kernel.lookup is None:
+            embedding.quantize(weight)
+        else:
+            embedding.quantize(QuantizedTable(layer.packed, kernel.lookup, weight.out_features,
+                                              weight.in_features))
         return Counter({f"{EMBEDDING_NOTE}looked up in the LM head's codes": 1})
     try:
         [(name, slot)] = embedding.checkpoint_slots(EMBEDDING.rpartition(".")[0], "weight")

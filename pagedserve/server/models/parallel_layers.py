@@ -24,6 +24,7 @@ from torch import nn
 
 from pagedserve.kernels.dispatch import LinearPacking
 from pagedserve.kernels.quantized_linear import (
+    QuantizedTable,
     QuantizedWeight,
     QuantKernel,
     dequantize,
@@ -230,7 +231,7 @@ class VocabParallelEmbedding(nn.Module):
     """Token embeddings, float or, after ``quantize``, looked up from a quantized table (each
     looked-up row dequantized)."""
 
-    quantized: QuantizedWeight | None = None
+    quantized: QuantizedWeight | QuantizedTable | None = None
 
     def __init__(self, vocab_size: int, embedding_dim: int,
                  group: TensorParallelGroup) -> None:
@@ -240,7 +241,7 @@ class VocabParallelEmbedding(nn.Module):
         per_rank, self.vocab_start, self.num_owned = _vocab_part(vocab_size, group)
         self.weight = nn.Parameter(torch.empty(per_rank, embedding_dim))
 
-    def quantize(self, weight: QuantizedWeight) -> None:
+    def quantize(self, weight: QuantizedWeight | QuantizedTable) -> None:
         assert self.weight is not None, "quantized twice"
         shape = (weight.out_features, weight.in_features)
         if shape != tuple(self.weight.shape):
@@ -252,6 +253,8 @@ class VocabParallelEmbedding(nn.Module):
     def _lookup(self, ids: torch.Tensor) -> torch.Tensor:
         if self.quantized is None:
             return F.embedding(ids, self.weight)
+        if isinstance(self.quantized, QuantizedTable):
+            return self.quantized.rows(ids, self.run_dtype)
         return dequantize(take_rows(self.quantized, ids), self.run_dtype)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, dim]
