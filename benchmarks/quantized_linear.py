@@ -1,20 +1,23 @@
 """Quantized projections against float ones on the CPU, at SmolLM2-135M's shapes (hidden 576,
-intermediate 1536, vocabulary 49152): torch's int8 and int4 weight-only ops
-(``pagedserve/kernels/cpu_quantized_linear.py``) against ``F.linear`` in float32 and
+intermediate 1536, vocabulary 49152): the C block-quantized kernel
+(``pagedserve/kernels/cpu_block_quant.py``) on int4 in groups of 32 (GGUF's Q4_1, "block q4")
+and int8 in groups of 32 (Q8_0, "block q8"), and torch's int8 and int4 weight-only ops
+(``pagedserve/kernels/cpu_quantized_linear.py``), against ``F.linear`` in float32 and
 bfloat16, and against both prepacked for oneDNN (what the ``cpu`` backend runs), per
 weight shape and batch rows, side by side, alternating rounds, best of each.
 
 A decode step at a CPU server's batch sizes streams every weight once: int8 reads a quarter
 and int4 about a seventh of float32's bytes (the scales included).
 
-    python -m benchmarks.quantized_linear [--rows 1 8 32 64] [--repeats 20] [--rounds 3]
+    python -m benchmarks.quantized_linear [--rows 1 8 32 128 512] [--repeats 20] [--rounds 3]
         [--threads N]
 
 On a machine shared with other busy processes, ``--threads 1`` keeps OpenMP threads from
 waiting on each other (time slices of 4 ms show up as the cost of a call otherwise).
 
 The last line is JSON: microseconds per call for each shape, rows and kernel, and each
-quantized kernel's speed-up over packed float32 and packed bfloat16.
+quantized kernel's speed-up over packed float32 and packed bfloat16 (and the block kernel's over
+torch's int4 op).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pagedserve.kernels import cpu_linear
+from pagedserve.kernels import cpu_block_quant, cpu_linear
+from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
 from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL, INT8_KERNEL
 from pagedserve.kernels.quantized_linear import quantize_int4, quantize_int8
 
@@ -42,6 +46,12 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
     bf16_packed = cpu_linear.pack_weight(bf16)
     int8 = INT8_KERNEL.prepare(quantize_int8(weight))
     int4 = INT4_KERNEL.prepare(quantize_int4(weight, 32))
+    block = {}
+    if cpu_block_quant.available():
+        q4 = BLOCK_QUANT_KERNEL.prepare(quantize_int4(weight, 32))
+        q8 = BLOCK_QUANT_KERNEL.prepare(quantize_int8(weight, 32))
+        block = {"block q4": lambda x: BLOCK_QUANT_KERNEL.linear(x, q4, None),
+                 "block q8": lambda x: BLOCK_QUANT_KERNEL.linear(x, q8, None)}
     return {
         "f32": lambda x: F.linear(x, weight),
         "f32 packed": lambda x: cpu_linear.linear(x, packed, None),
@@ -49,6 +59,7 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
         "bf16 packed": lambda x: cpu_linear.linear(x.bfloat16(), bf16_packed, None),
         "int8": lambda x: INT8_KERNEL.linear(x, int8, None),
         "int4": lambda x: INT4_KERNEL.linear(x, int4, None),
+        **block,
     }
 
 
@@ -64,7 +75,7 @@ def _best_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, repeat
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 128, 512])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="default: torch's")
@@ -74,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     results: dict[str, dict[str, dict[str, float]]] = {}
     print(f"{torch.get_num_threads()} threads; microseconds per call, best of "
-          f"{args.rounds} x {args.repeats}")
+          f"{args.rounds} x {args.repeats}; block kernel "
+          f"{'AVX-512 VNNI' if cpu_block_quant.uses_simd() else 'portable'}")
     for label, (out, inp) in SHAPES.items():
         kernels = _kernels(torch.randn(out, inp, generator=gen) * 0.05)
         for rows in args.rows:
@@ -83,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for name, fn in kernels.items():
                     best[name] = min(best[name], _best_us(fn, x, args.repeats))
-            ratios = {f"{q} vs {f}": best[f] / best[q] for q in ("int8", "int4")
-                      for f in ("f32 packed", "bf16 packed")}
+            quantized = [q for q in ("int8", "int4", "block q4", "block q8") if q in best]
+            ratios = {f"{q} vs {f}": best[f] / best[q] for q in quantized
+                      for f in ("f32 packed", "bf16 packed", "int4") if f != q}
             results.setdefault(label, {})[str(rows)] = {**best, **ratios}
             print(f"{label:18s} rows {rows:3d}: "
                   + "  ".join(f"{k} {v:8.0f}" for k, v in best.items())

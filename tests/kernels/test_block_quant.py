@@ -3,8 +3,9 @@ block type, on output counts that are not multiples of its 16-output groups and 
 that are not multiples of its 8-row tiles, through the AVX-512 VNNI loop and the portable one:
 
 - exactly (to float32 rounding) the activation quantized as the kernel quantizes it (int8 per
-  block of 32, float16-rounded scale, round half to even) times the dequantized weight: the
-  integer dot products and the block scales are right;
+  block of 32, float16-rounded scale, round half to even; for a weight with mins, the block's
+  sum rounded to float16) times the dequantized weight: the integer dot products and the
+  block scales are right;
 - within 1.5% the float activation times ``gguf.quants.dequantize`` of the file's blocks: what
   the int8 activations cost.
 """
@@ -54,23 +55,32 @@ def _blocks(qtype, out: int, inp: int, seed: int) -> np.ndarray:
     return gguf.quants.quantize(rng.standard_normal((out, inp)).astype(np.float32), qtype)
 
 
-def _as_quantized(x: torch.Tensor) -> torch.Tensor:
-    """x with each block of 32 quantized to int8 as the kernel does, and back to float."""
+def _as_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x with each block of 32 quantized to int8 as the kernel does, and back to float; and
+    each block's sum as the kernel keeps it for a weight with mins (rounded to float16)."""
     rows, k = x.shape
     blocks = F.pad(x, (0, -k % 32)).view(rows, -1, 32)
-    d = blocks.abs().amax(-1, keepdim=True) / 127
-    q = torch.round(blocks * torch.where(d > 0, 1 / d, 0))
-    return (q * d.half().float()).view(rows, -1)[:, :k]
+    amax = blocks.abs().amax(-1, keepdim=True)
+    q = torch.round(blocks * torch.where(amax > 0, 127 / amax, 0))
+    sums = (q.sum(-1) * (amax[..., 0] / 127)).half().float()
+    return (q * (amax / 127).half().float()).view(rows, -1)[:, :k], sums
 
 
 def _check(weight, reference: torch.Tensor, rows: int, seed: int) -> None:
     x = torch.randn(rows, weight.in_features, generator=torch.Generator().manual_seed(seed))
     assert BLOCK_QUANT_KERNEL.supports(weight, CPU)
-    y = BLOCK_QUANT_KERNEL.linear(x, BLOCK_QUANT_KERNEL.prepare(weight), None)
+    state = BLOCK_QUANT_KERNEL.prepare(weight)
+    y = BLOCK_QUANT_KERNEL.linear(x, state, None)
     assert y.shape == (rows, weight.out_features) and y.dtype == torch.float32
-    exact = (_as_quantized(x).double() @ reference.double().T).float()
+    quantized, sums = _as_quantized(x)
+    if state.mins is None:
+        exact = quantized.double() @ reference.double().T
+    else:  # the codes' part from the quantized x, the mins' from the rounded block sums
+        mins = weight.mins.repeat_interleave(32, dim=1)[:, : weight.in_features]
+        exact = (quantized.double() @ (reference - mins).double().T
+                 + sums.double() @ weight.mins.double().T)
     scale = exact.abs().amax(1, keepdim=True)
-    torch.testing.assert_close(y / scale, exact / scale, rtol=0, atol=2e-6)
+    torch.testing.assert_close(y.double() / scale, exact / scale, rtol=0, atol=2e-6)
     plain = x.double() @ reference.double().T
     assert float((y.double() - plain).norm() / plain.norm()) < 0.015
 

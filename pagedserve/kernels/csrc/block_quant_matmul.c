@@ -44,7 +44,7 @@
 
 int block_quant_has_simd(void) { return HAVE_VNNI; }
 
-/* float -> float16 -> float, rounding to nearest even, for d >= 0 (an activation scale). */
+/* float -> float16 -> float, rounding to nearest even, for d >= 0. */
 static float round_f16(float d) {
     if (d < 6.103515625e-05f) { /* float16 subnormals: steps of 2^-24 */
         const float steps = d * 16777216.0f;
@@ -72,7 +72,8 @@ static inline int32_t round_even(float v) {
 }
 
 /* Row x[0:k] -> qa [k_pad] int8, da [blocks] the float16-rounded scales, sa [blocks]
- * factor * d_x * sum(a); blocks past k are zero. */
+ * factor * d_x * sum(a) (with mins, factor 1: d_x * sum(a) rounded to float16, as GGUF's
+ * runtime rounds it); blocks past k are zero. */
 static void quantize_row(const float *x, int64_t k, int64_t k_pad, float factor, int8_t *qa,
                          float *da, float *sa) {
     for (int64_t b = 0; b < k_pad / BLOCK; b++) {
@@ -83,7 +84,7 @@ static void quantize_row(const float *x, int64_t k, int64_t k_pad, float factor,
             const float a = vals[j] < 0 ? -vals[j] : vals[j];
             amax = a > amax ? a : amax;
         }
-        const float d = amax / 127.0f, inv = d > 0 ? 1.0f / d : 0.0f;
+        const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < BLOCK; j++) {
             const int32_t q = round_even(vals[j] * inv);
@@ -91,7 +92,12 @@ static void quantize_row(const float *x, int64_t k, int64_t k_pad, float factor,
             qa[b * BLOCK + j] = (int8_t)q;
         }
         da[b] = round_f16(d);
-        sa[b] = factor * da[b] * (float)sum;
+        if (factor == 1.0f) { /* with mins: the block sum as GGUF's Q8_1 keeps it, float16 */
+            const float s = d * (float)sum;
+            sa[b] = s < 0 ? -round_f16(-s) : round_f16(s);
+        } else { /* the exact offset of the codes */
+            sa[b] = factor * da[b] * (float)sum;
+        }
     }
 }
 
