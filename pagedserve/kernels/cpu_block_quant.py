@@ -38,10 +38,11 @@ logger = logging.getLogger(__name__)
 GROUP_SIZE = 32
 GROUP_OUT = 16  # outputs a vector register holds
 ENV = "PAGEDSERVE_BLOCK_QUANT"
+ACTIVATIONS_ENV = "PAGEDSERVE_BLOCK_QUANT_ACTIVATIONS"
 # min factor of a weight stored without mins: int8 codes are offset by 128, Q4_0's min is -8d.
 INT8_FACTOR, Q4_0_FACTOR = -128.0, -8.0
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_ARGTYPES = [_P, _I, _I, _I, _P, _P, _P, _F, _I, _I, _I, _P, _I, _I, _I]
+_ARGTYPES = [_P, _I, _I, _I, _P, _P, _P, _F, _I, _I, _I, _P, _I, _I, _I, _I]
 
 
 @functools.cache
@@ -68,6 +69,11 @@ def uses_simd() -> bool:
     library = _library()
     return (library is not None and bool(library.block_quant_has_simd())
             and os.environ.get(ENV, "").lower() != "portable")
+
+
+def activation_bits() -> int:
+    """8 (``PAGEDSERVE_BLOCK_QUANT_ACTIVATIONS=int8``, GGUF's runtime's own rounding) or 16."""
+    return 8 if os.environ.get(ACTIVATIONS_ENV, "int16").lower() == "int8" else 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +142,8 @@ def _linear(x: torch.Tensor, state: BlockQuantState, bias: torch.Tensor | None) 
     _library().block_quant_linear(
         rows.data_ptr(), rows.stride(0), m, state.in_features, state.codes.data_ptr(),
         state.scales.data_ptr(), None if state.mins is None else state.mins.data_ptr(),
-        state.factor, state.bits, n, k_pad, y.data_ptr(), n, threads, int(uses_simd()))
+        state.factor, state.bits, n, k_pad, y.data_ptr(), n, threads, int(uses_simd()),
+        activation_bits())
     y = y.to(x.dtype).reshape(*x.shape[:-1], n)
     return y if bias is None else y + bias
 

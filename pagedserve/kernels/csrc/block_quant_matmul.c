@@ -101,6 +101,34 @@ static void quantize_row(const float *x, int64_t k, int64_t k_pad, float factor,
     }
 }
 
+/* As quantize_row with int16 codes (scale amax / 32767, kept in float32): 256 times finer. */
+static void quantize_row16(const float *x, int64_t k, int64_t k_pad, float factor, int16_t *qa,
+                           float *da, float *sa) {
+    for (int64_t b = 0; b < k_pad / BLOCK; b++) {
+        float vals[BLOCK], amax = 0.0f;
+        for (int j = 0; j < BLOCK; j++) {
+            const int64_t i = b * BLOCK + j;
+            vals[j] = i < k ? x[i] : 0.0f;
+            const float a = vals[j] < 0 ? -vals[j] : vals[j];
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < BLOCK; j++) {
+            const float v = vals[j] * inv + 32768.0f; /* positive: truncation rounds down */
+            int32_t q = (int32_t)v;
+            const float frac = v - (float)q;
+            q += frac > 0.5f || (frac == 0.5f && (q & 1));
+            q -= 32768;
+            q = q > 32767 ? 32767 : (q < -32767 ? -32767 : q);
+            sum += q;
+            qa[b * BLOCK + j] = (int16_t)q;
+        }
+        da[b] = d;
+        sa[b] = factor * d * (float)sum;
+    }
+}
+
 typedef struct {
     const uint8_t *w;
     const float *scales, *mins;
@@ -109,6 +137,7 @@ typedef struct {
 
 typedef struct {
     const int8_t *qa;
+    const int16_t *qa16; /* int16 activations instead, where not NULL */
     const float *da, *sa;
     int64_t blocks;
 } acts;
@@ -126,6 +155,7 @@ static void tile_portable(const weights *wt, const acts *xa, int64_t g, int64_t 
         for (int r = 0; r < nr; r++) {
             const int64_t row = (r0 + r) * xa->blocks + b;
             const int8_t *a = xa->qa + row * BLOCK;
+            const int16_t *a16 = xa->qa16 + row * BLOCK;
             for (int o = 0; o < GROUP; o++) {
                 int32_t sum = 0;
                 for (int c = 0; c < 8; c++)
@@ -133,7 +163,7 @@ static void tile_portable(const weights *wt, const acts *xa, int64_t g, int64_t 
                         const int32_t u = wt->bits == 4
                             ? (w[(c / 2) * 64 + o * 4 + j] >> (4 * (c % 2))) & 15
                             : w[c * 64 + o * 4 + j];
-                        sum += u * a[c * 4 + j];
+                        sum += u * (xa->qa16 ? a16[c * 4 + j] : a[c * 4 + j]);
                     }
                 out[r][o] += sc[o] * xa->da[row] * (float)sum + mn[o] * xa->sa[row];
             }
@@ -188,8 +218,84 @@ static inline __attribute__((always_inline)) void tile_vnni(const weights *wt, c
     for (int r = 0; r < nr; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
 
+/* int16 activations: VNNI's 16-bit dot product takes 2 inputs a lane, so each chunk's 16
+ * outputs x 4 inputs widen to two registers (outputs 0-7, 8-15), each output's partial sums in
+ * 2 lanes (inputs 0-1, 2-3) against the chunk's 4 activations broadcast; the pairs of lanes
+ * are added once per block. */
+static inline __m512i widen_lo(__m512i v) { return _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v)); }
+static inline __m512i widen_hi(__m512i v) { return _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1)); }
+
+static inline int64_t load_i64(const int16_t *p) {
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) void tile_vnni16(const weights *wt, const acts *xa,
+                                                              int64_t g, int64_t r0, const int nr,
+                                                              float out[TILE_ROWS][GROUP]) {
+    const int four = wt->bits == 4;
+    const int64_t block_bytes = four ? 256 : 512;
+    const __m512i low = _mm512_set1_epi8(15);
+    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odds = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __m512 acc[TILE_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < wt->blocks; b++) {
+        const uint8_t *w = wt->w + (g * wt->blocks + b) * block_bytes;
+        __m512i lo[TILE_ROWS], hi[TILE_ROWS];
+        for (int r = 0; r < nr; r++) lo[r] = hi[r] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c++) {
+            __m512i chunk;
+            if (four) {
+                const __m512i packed = _mm512_loadu_si512(w + (c / 2) * 64);
+                chunk = c % 2 ? _mm512_and_si512(_mm512_srli_epi16(packed, 4), low)
+                              : _mm512_and_si512(packed, low);
+            } else {
+                chunk = _mm512_loadu_si512(w + c * 64);
+            }
+            const __m512i wlo = widen_lo(chunk), whi = widen_hi(chunk);
+            for (int r = 0; r < nr; r++) {
+                const int16_t *a = xa->qa16 + ((r0 + r) * xa->blocks + b) * BLOCK + c * 4;
+                const __m512i av = _mm512_set1_epi64(load_i64(a));
+                lo[r] = _mm512_dpwssd_epi32(lo[r], wlo, av);
+                hi[r] = _mm512_dpwssd_epi32(hi[r], whi, av);
+            }
+        }
+        const __m512 sc = _mm512_loadu_ps(wt->scales + (g * wt->blocks + b) * GROUP);
+        const __m512 mn = _mm512_loadu_ps(wt->mins + (g * wt->blocks + b) * GROUP);
+        for (int r = 0; r < nr; r++) {
+            const int64_t row = (r0 + r) * xa->blocks + b;
+            const __m512i dot = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[r], evens, hi[r]),
+                                                 _mm512_permutex2var_epi32(lo[r], odds, hi[r]));
+            const __m512 scale = _mm512_mul_ps(sc, _mm512_set1_ps(xa->da[row]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xa->sa[row]), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+static void tile_simd16(const weights *wt, const acts *xa, int64_t g, int64_t r0, int nr,
+                        float out[TILE_ROWS][GROUP]) {
+    switch (nr) {
+    case 8: tile_vnni16(wt, xa, g, r0, 8, out); break;
+    case 7: tile_vnni16(wt, xa, g, r0, 7, out); break;
+    case 6: tile_vnni16(wt, xa, g, r0, 6, out); break;
+    case 5: tile_vnni16(wt, xa, g, r0, 5, out); break;
+    case 4: tile_vnni16(wt, xa, g, r0, 4, out); break;
+    case 3: tile_vnni16(wt, xa, g, r0, 3, out); break;
+    case 2: tile_vnni16(wt, xa, g, r0, 2, out); break;
+    default: tile_vnni16(wt, xa, g, r0, 1, out); break;
+    }
+}
+
 static void tile_simd(const weights *wt, const acts *xa, int64_t g, int64_t r0, int nr,
                       float out[TILE_ROWS][GROUP]) {
+    if (xa->qa16) {
+        tile_simd16(wt, xa, g, r0, nr, out);
+        return;
+    }
     switch (nr) { /* constant row counts, so that the accumulators stay in registers */
     case 8: tile_vnni(wt, xa, g, r0, 8, out); break;
     case 7: tile_vnni(wt, xa, g, r0, 7, out); break;
@@ -209,20 +315,26 @@ static void tile_simd(const weights *wt, const acts *xa, int64_t g, int64_t r0, 
 void block_quant_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k,
                         const uint8_t *w, const float *scales, const float *mins, float factor,
                         int64_t bits, int64_t n, int64_t k_pad, float *y, int64_t y_stride,
-                        int64_t threads, int64_t simd) {
+                        int64_t threads, int64_t simd, int64_t act_bits) {
     const int64_t blocks = k_pad / BLOCK, groups = (n + GROUP - 1) / GROUP;
-    int8_t *qa = malloc((size_t)(rows * k_pad));
+    int8_t *qa = act_bits == 8 ? malloc((size_t)(rows * k_pad)) : NULL;
+    int16_t *qa16 = act_bits == 8 ? NULL : malloc((size_t)(rows * k_pad) * sizeof(int16_t));
     float *da = malloc((size_t)(rows * blocks) * sizeof(float));
     float *sa = malloc((size_t)(rows * blocks) * sizeof(float));
     const weights wt = {w, scales, mins ? mins : scales, blocks, bits};
-    const acts xa = {qa, da, sa, blocks};
+    const acts xa = {qa, qa16, da, sa, blocks};
     if (mins) factor = 1.0f;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++)
-            quantize_row(x + r * x_stride, k, k_pad, factor, qa + r * k_pad, da + r * blocks,
-                         sa + r * blocks);
+        for (int64_t r = 0; r < rows; r++) {
+            if (qa16)
+                quantize_row16(x + r * x_stride, k, k_pad, factor, qa16 + r * k_pad,
+                               da + r * blocks, sa + r * blocks);
+            else
+                quantize_row(x + r * x_stride, k, k_pad, factor, qa + r * k_pad, da + r * blocks,
+                             sa + r * blocks);
+        }
         for (int64_t chunk = 0; chunk < rows; chunk += CHUNK_ROWS) {
             const int64_t chunk_end = chunk + CHUNK_ROWS < rows ? chunk + CHUNK_ROWS : rows;
 #pragma omp for schedule(static) nowait
@@ -244,6 +356,7 @@ void block_quant_linear(const float *x, int64_t x_stride, int64_t rows, int64_t 
         }
     }
     free(qa);
+    free(qa16);
     free(da);
     free(sa);
 }
