@@ -2,14 +2,23 @@
 inputs: GGUF's Q8_0 (int8), Q4_0, Q4_1 and Q4_K (int4, one scale and min per 32), and a float
 checkpoint quantized to int4 at load.
 
-Computed as GGUF's own CPU runtime computes them: each activation row quantized per block of
-32 to int8 (a float16-rounded scale and the block's sum), one integer dot product per
-(weight block, activation block), the file's scales (float16, held exactly in float32) applied
-in float32. Unlike torch's int4 op, which rounds activations, scales and mins to bfloat16,
-this keeps greedy output close to what the same file gives in that runtime.
+Computed as GGUF's own CPU runtime computes them, with one choice: each activation row is
+quantized per block of 32 to integers, one integer dot product per (weight block, activation
+block), the file's scales (float16, held exactly in float32) applied in float32.
 
-The weight is repacked once at load into the kernel's layout (tiles of 4 output rows, inputs
-in pairs of blocks): 4-bit codes take 0.75 bytes an input with their scale and min (Q4_1's
+- int16 activations (the default): 2e-5 of each output from the float32 product of the
+  dequantized weight. Greedy output agrees with llama.cpp's on the same file as long as
+  float32 dequantization's does (``benchmarks/quantized_agreement.py``: median 19 leading
+  tokens of 32 over 50 prompts, both), about 2x the compute of int8.
+- int8 activations (``PAGEDSERVE_BLOCK_QUANT_ACTIVATIONS=int8``), rounded as that runtime
+  rounds them (a float16 scale, float16 block sums for weights with mins): about 0.5% of each
+  output; measured to agree less with llama.cpp (median 12.5), whose other roundings (a
+  float16 KV cache and attention) make its int8 noise fall elsewhere.
+
+Both are closer than torch's int4 op, which rounds activations, scales and mins to bfloat16.
+
+The weight is repacked once at load into the kernel's layout (groups of 16 output rows,
+chunks of 4 inputs): 4-bit codes take 0.75 bytes an input with their scale and min (Q4_1's
 file takes 0.625), 8-bit 1.125 (Q8_0: 1.0625); a Q4_0 weight, whose min is always -8 times its
 scale, stores no mins.
 
@@ -170,5 +179,5 @@ def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> to
     return w.reshape(len(ids), -1)[:, : state.in_features].to(dtype)
 
 
-BLOCK_QUANT_KERNEL = QuantKernel("block-int8-dot (C)", _supports, _prepare, _linear, _nbytes,
+BLOCK_QUANT_KERNEL = QuantKernel("block-quant-dot (C)", _supports, _prepare, _linear, _nbytes,
                                  _lookup)

@@ -1,6 +1,7 @@
 /* y = x W^T for a weight stored in blocks of 32 inputs, each block its own float32 scale (and,
  * for 4-bit codes, its own min), computed as GGUF's CPU runtime does: each row of x is first
- * quantized per block of 32 to int8 with a float16-rounded scale d_x (and the block's sum),
+ * quantized per block of 32 to int8 with a float16-rounded scale d_x (and the block's sum) --
+ * or, with act_bits 16, to int16 with a float32 scale, 256 times finer --
  * each (weight block, activation block) pair is an integer dot product, and the block's scales
  * are applied in float32:
  *
@@ -309,6 +310,16 @@ static void tile_simd(const weights *wt, const acts *xa, int64_t g, int64_t r0, 
 }
 #endif
 
+static void quantize(const acts *xa, const float *x, int64_t x_stride, int64_t k, int64_t k_pad,
+                     float factor, int64_t r) {
+    float *da = (float *)xa->da + r * xa->blocks, *sa = (float *)xa->sa + r * xa->blocks;
+    if (xa->qa16)
+        quantize_row16(x + r * x_stride, k, k_pad, factor, (int16_t *)xa->qa16 + r * k_pad, da,
+                       sa);
+    else
+        quantize_row(x + r * x_stride, k, k_pad, factor, (int8_t *)xa->qa + r * k_pad, da, sa);
+}
+
 /* y [rows, n] (row stride y_stride) = x [rows, k] (row stride x_stride) times the weight^T;
  * w, scales and mins (NULL: the scales, with factor) in the layout above, k_pad a multiple of
  * 32, n padded to groups of 16. */
@@ -324,16 +335,16 @@ void block_quant_linear(const float *x, int64_t x_stride, int64_t rows, int64_t 
     const weights wt = {w, scales, mins ? mins : scales, blocks, bits};
     const acts xa = {qa, qa16, da, sa, blocks};
     if (mins) factor = 1.0f;
+    /* A few rows (a decode step) are quantized before the threads start: a barrier between
+     * the two phases costs a time slice whenever another process holds a core. */
+    const int split = rows >= CHUNK_ROWS;
+    if (!split)
+        for (int64_t r = 0; r < rows; r++) quantize(&xa, x, x_stride, k, k_pad, factor, r);
 #pragma omp parallel num_threads(threads)
     {
+        if (split) {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (qa16)
-                quantize_row16(x + r * x_stride, k, k_pad, factor, qa16 + r * k_pad,
-                               da + r * blocks, sa + r * blocks);
-            else
-                quantize_row(x + r * x_stride, k, k_pad, factor, qa + r * k_pad, da + r * blocks,
-                             sa + r * blocks);
+            for (int64_t r = 0; r < rows; r++) quantize(&xa, x, x_stride, k, k_pad, factor, r);
         }
         for (int64_t chunk = 0; chunk < rows; chunk += CHUNK_ROWS) {
             const int64_t chunk_end = chunk + CHUNK_ROWS < rows ? chunk + CHUNK_ROWS : rows;
