@@ -1,8 +1,8 @@
 """Quantized projections against float ones on the CPU, at SmolLM2-135M's shapes (hidden 576,
 intermediate 1536, vocabulary 49152): the C block-quantized kernel
-(``pagedserve/kernels/cpu_block_quant.py``) on int4 in groups of 32 (GGUF's Q4_1, "block q4")
-and int8 in groups of 32 (Q8_0, "block q8"), and torch's int8 and int4 weight-only ops
-(``pagedserve/kernels/cpu_quantized_linear.py``), against ``F.linear`` in float32 and
+(``pagedserve/kernels/cpu_block_quant.py``) on int4 in groups of 32 (GGUF's Q4_1, "block q4";
+with int16 activations, "block q4 a16") and int8 in groups of 32 (Q8_0, "block q8"), and
+torch's int8 and int4 weight-only ops (``pagedserve/kernels/cpu_quantized_linear.py``), against ``F.linear`` in float32 and
 bfloat16, and against both prepacked for oneDNN (what the ``cpu`` backend runs), per
 weight shape and batch rows, side by side, alternating rounds, best of each.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -51,7 +52,8 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
         q4 = BLOCK_QUANT_KERNEL.prepare(quantize_int4(weight, 32))
         q8 = BLOCK_QUANT_KERNEL.prepare(quantize_int8(weight, 32))
         block = {"block q4": lambda x: BLOCK_QUANT_KERNEL.linear(x, q4, None),
-                 "block q8": lambda x: BLOCK_QUANT_KERNEL.linear(x, q8, None)}
+                 "block q8": lambda x: BLOCK_QUANT_KERNEL.linear(x, q8, None),
+                 "block q4 a16": lambda x: _int16_activations(BLOCK_QUANT_KERNEL.linear, x, q4)}
     return {
         "f32": lambda x: F.linear(x, weight),
         "f32 packed": lambda x: cpu_linear.linear(x, packed, None),
@@ -61,6 +63,14 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
         "int4": lambda x: INT4_KERNEL.linear(x, int4, None),
         **block,
     }
+
+
+def _int16_activations(linear: Callable, x: torch.Tensor, state: object) -> torch.Tensor:
+    os.environ[cpu_block_quant.ACTIVATIONS_ENV] = "int16"
+    try:
+        return linear(x, state, None)
+    finally:
+        del os.environ[cpu_block_quant.ACTIVATIONS_ENV]
 
 
 def _best_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, repeats: int) -> float:
@@ -95,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.rounds):
                 for name, fn in kernels.items():
                     best[name] = min(best[name], _best_us(fn, x, args.repeats))
-            quantized = [q for q in ("int8", "int4", "block q4", "block q8") if q in best]
+            quantized = [q for q in ("int8", "int4", "block q4", "block q8", "block q4 a16")
+                         if q in best]
             ratios = {f"{q} vs {f}": best[f] / best[q] for q in quantized
                       for f in ("f32 packed", "bf16 packed", "int4") if f != q}
             results.setdefault(label, {})[str(rows)] = {**best, **ratios}
