@@ -2,9 +2,10 @@
 intermediate 1536, vocabulary 49152): the C block-quantized kernel
 (``pagedserve/kernels/cpu_block_quant.py``) on int4 in groups of 32 (GGUF's Q4_1, "block q4";
 with int16 activations, "block q4 a16") and int8 in groups of 32 (Q8_0, "block q8"), and
-torch's int8 and int4 weight-only ops (``pagedserve/kernels/cpu_quantized_linear.py``), against ``F.linear`` in float32 and
-bfloat16, and against both prepacked for oneDNN (what the ``cpu`` backend runs), per
-weight shape and batch rows, side by side, alternating rounds, best of each.
+torch's int8 and int4 weight-only ops (``pagedserve/kernels/cpu_quantized_linear.py``),
+against ``F.linear`` in float32 and bfloat16, and against both prepacked for oneDNN (what the
+``cpu`` backend runs), per weight shape and batch rows, side by side, alternating rounds, best
+of each.
 
 A decode step at a CPU server's batch sizes streams every weight once: int8 reads a quarter
 and int4 about a seventh of float32's bytes (the scales included).
