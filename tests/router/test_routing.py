@@ -50,8 +50,8 @@ async def metric(http: aiohttp.ClientSession, router: Router, name: str) -> floa
 
 
 async def test_same_prefix_goes_to_the_same_replica(replicas, make_router, http) -> None:
-    # load_factor 1.0: no replica may own more than its even share of the prefixes.
-    router = await make_router([r.url for r in replicas], load_factor=1.0)
+    # By default no replica owns more than its even share of the prefixes.
+    router = await make_router([r.url for r in replicas])
     first = None
     for system in SYSTEMS:
         served = set()
