@@ -170,20 +170,31 @@ async def _refusal(state: RouterState, replica: Replica,
     return _TryElsewhere(f"{replica.url} answered {upstream.status}", answer)
 
 
+class _ProxiedStream(web.StreamResponse):
+    """A stream whose headers leave with its first chunk: one write, not two (aiohttp's own
+    ``web.Response`` buffers its headers the same way)."""
+
+    _send_headers_immediately = False
+
+
 async def _stream(request: web.Request, state: RouterState, replica: Replica,
                   upstream: aiohttp.ClientResponse, first: bytes) -> web.StreamResponse:
-    response = web.StreamResponse(status=upstream.status,
-                                  headers=_response_headers(upstream, replica))
+    response = _ProxiedStream(status=upstream.status,
+                              headers=_response_headers(upstream, replica))
     await response.prepare(request)
+    content = upstream.content
     chunk = first
     while chunk:
         try:
+            if content.at_eof():  # the last chunk: it and the stream's end in one write
+                await response.write_eof(chunk)
+                return response
             await response.write(chunk)
         except ConnectionResetError:
             upstream.close()  # the client left: closing the connection aborts the generation
             return response
         try:
-            chunk = await upstream.content.readany()
+            chunk = await content.readany()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             state.replicas.eject(replica, f"stream broke: {exc!r}")
             await _write_error_event(response, replica)
