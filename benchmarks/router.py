@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -40,14 +39,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
-from aiohttp import web
 
-from benchmarks.harness import PAGEDSERVE, free_port, read_address, start
+from benchmarks import router_overhead
+from benchmarks.harness import PAGEDSERVE, read_address, start
 from benchmarks.harness import stop as harness_stop
 
 NUM_SYSTEMS = 8
-SSE_CHUNKS = 4
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -233,93 +230,11 @@ async def failover_run(args: argparse.Namespace, prompts: list[list[int]]) -> di
             "cut_mid_stream": result.cut_mid_stream}
 
 
-# -- overhead against a fake backend ---------------------------------------------------------
-
-
-def serve_fake_backend(port: int) -> None:
-    async def complete(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not body.get("stream"):
-            return web.json_response({"object": "text_completion", "choices": []})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for index in range(SSE_CHUNKS):
-            await response.write(b"data: " + orjson.dumps({"chunk": index}) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        return response
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
-
-
-async def latencies(url: str, count: int) -> list[float]:
-    out = []
-    async with aiohttp.ClientSession() as http:
-        for _ in range(count):
-            start = time.perf_counter()
-            async with http.post(url + "/v1/completions", json={"prompt": "hi"}) as response:
-                await response.read()
-            out.append(time.perf_counter() - start)
-    return out
-
-
-async def streamed_rate(url: str, count: int, concurrency: int) -> float:
-    remaining = count
-
-    async def worker(http: aiohttp.ClientSession) -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            async with http.post(url + "/v1/completions",
-                                 json={"prompt": "hi", "stream": True}) as response:
-                await response.read()
-
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
-        return count / (time.perf_counter() - start)
-
-
-async def overhead_runs(args: argparse.Namespace) -> dict[str, object]:
-    port = free_port()
-    backend = multiprocessing.Process(target=serve_fake_backend, args=(port,), daemon=True)
-    backend.start()
-    direct = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            await latencies(direct, 1)
-            break
-        except aiohttp.ClientError:
-            await asyncio.sleep(0.1)
-    router, router_url = await start_router([direct], "prefix")
-    try:
-        await latencies(router_url, 50)  # warm connections
-        direct_p50 = statistics.median(await latencies(direct, args.overhead_requests))
-        routed_p50 = statistics.median(await latencies(router_url, args.overhead_requests))
-        direct_rate = await streamed_rate(direct, args.stream_requests, args.stream_concurrency)
-        routed_rate = await streamed_rate(router_url, args.stream_requests,
-                                          args.stream_concurrency)
-    finally:
-        await stop(router)
-        backend.terminate()
-        backend.join()
-    return {"direct_p50_ms": round(1000 * direct_p50, 3),
-            "routed_p50_ms": round(1000 * routed_p50, 3),
-            "added_p50_ms": round(1000 * (routed_p50 - direct_p50), 3),
-            "direct_streams_per_s": round(direct_rate, 1),
-            "routed_streams_per_s": round(routed_rate, 1)}
-
-
 async def main(args: argparse.Namespace) -> None:
     report: dict[str, object] = {"cpus": os.cpu_count()}
-    report["overhead"] = await overhead_runs(args)
-    print("overhead:", json.dumps(report["overhead"]), flush=True)
+    if not args.skip_overhead:
+        report["overhead"] = await asyncio.to_thread(router_overhead.measure, args)
+        print("overhead:", json.dumps(report["overhead"]), flush=True)
     if not args.skip_engine:
         report.update(await engine_runs(args))
     print(json.dumps(report))
@@ -334,10 +249,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--overhead-requests", type=int, default=500)
-    parser.add_argument("--stream-requests", type=int, default=3000)
-    parser.add_argument("--stream-concurrency", type=int, default=64)
+    router_overhead.add_arguments(parser)
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--router-flag", action="append", default=[],
                         help="passed to pagedserve router (repeat), "
                         "e.g. --router-flag=--load-factor=2")
