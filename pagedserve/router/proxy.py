@@ -61,7 +61,7 @@ async def forward(request: web.Request, body: bytes | None, route: Route) -> web
     for index, replica in enumerate(attempts):
         if index:
             state.metrics.retries.labels(attempts[index - 1].url).inc()
-        state.metrics.routed.labels(replica.url).inc()
+        state.metrics.count_routed(replica.url)
         replica.in_flight += 1
         try:
             return await _attempt(request, state, replica, body)
