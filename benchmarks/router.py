@@ -45,6 +45,10 @@ from benchmarks.harness import PAGEDSERVE, read_address, start
 from benchmarks.harness import stop as harness_stop
 
 NUM_SYSTEMS = 8
+# A question's token count (the upper end excluded). A system prompt fills whole blocks; the
+# question and the generated tokens then fit in one partial block, which is never cached, so
+# every cached block is a system prompt's and the cache sizes below count systems exactly.
+QUESTION_TOKENS = (4, 12)
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -85,7 +89,7 @@ def make_workload(num_questions: int, system_tokens: int, seed: int) -> list[lis
     rng = random.Random(seed)
     systems = [[rng.randrange(10, 250) for _ in range(system_tokens)] for _ in
                range(NUM_SYSTEMS)]
-    prompts = [system + [rng.randrange(10, 250) for _ in range(rng.randrange(8, 24))]
+    prompts = [system + [rng.randrange(10, 250) for _ in range(rng.randrange(*QUESTION_TOKENS))]
                for system in systems for _ in range(num_questions)]
     rng.shuffle(prompts)
     return prompts
