@@ -60,15 +60,24 @@ def wrk(url: str, connections: int, seconds: int, script: Path) -> dict[str, flo
     out = subprocess.run(
         ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script),
          url + "/v1/completions"], capture_output=True, text=True, check=True).stdout
-    result = {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))}  # type: ignore[union-attr]
+    return parse_wrk(out)
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    """The figures in ``wrk --latency``'s report."""
+    rps = re.search(r"^Requests/sec:\s+([\d.]+)$", out, re.MULTILINE)
+    if rps is None:
+        raise ValueError(f"not a wrk report: {out!r}")
+    result = {"rps": float(rps.group(1))}
     for percentile in ("50", "99"):
-        value, unit = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)$", out,  # type: ignore[union-attr]
-                                re.MULTILINE).groups()
-        result[f"p{percentile}_ms"] = float(value) * _UNITS[unit]
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        found = re.search(rf"^\s+{percentile}%\s+([\d.]+)(us|ms|s)$", out, re.MULTILINE)
+        if found is None:
+            raise ValueError(f"no {percentile}th percentile in the wrk report: {out!r}")
+        result[f"p{percentile}_ms"] = float(found.group(1)) * _UNITS[found.group(2)]
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), "
                               r"timeout (\d+)", out)
-    result["failed"] = (int(errors.group(1)) if errors else 0) + (
+    result["failed"] = (int(non_2xx.group(1)) if non_2xx else 0) + (
         sum(int(n) for n in socket_errors.groups()) if socket_errors else 0)
     return result
 
