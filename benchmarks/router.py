@@ -1,27 +1,43 @@
 """The router in front of two replicas: prefix-cache hit rates by policy, a replica killed
 mid-run, and the router's own overhead against a fast fake backend.
 
-Hit rates. Two ``pagedserve serve tiny`` replicas with deliberately small KV caches
-(``--num-kv-blocks``) and prefix caching on; a workload of 8 shared system prompts (token ids,
-``--system-tokens`` each) × many short questions, shuffled, streamed with a few in flight,
+Hit rates. Two ``pagedserve serve tiny`` replicas with prefix caching on and deliberately
+small KV caches; a workload of 8 shared system prompts (token ids, ``--system-tokens`` each) ×
+``--questions`` short questions each, shuffled, streamed ``--concurrency`` at a time,
 ``--max-tokens`` greedy tokens each. The same workload runs through ``pagedserve router`` with
-``--policy prefix`` and ``round-robin``, and against one replica holding both caches' blocks
-(the best any split can do). The hit rate is the engines' own: prefix-cache hit tokens over
-queried tokens (``vllm:prefix_cache_*`` on /metrics), over the run. Also: each replica's share
-of the requests and the client's median time to first token.
+``--policy prefix`` and ``round-robin``, and against one replica with both caches' blocks (the
+best any split can do). The hit rate is the engines' own: prefix-cache hit tokens over queried
+tokens (``vllm:prefix_cache_*`` on /metrics), over the run. Also: each replica's share of the
+requests and the client's median time to first token.
+
+The sizing, in blocks of 16 tokens. A system prompt is 160 ids, 10 whole blocks; a question
+(4-11 ids) and its 4 generated tokens fit in one more, partial block, which the prefix cache
+never keeps, so every cached block belongs to a system prompt: all 8 take 80 blocks, 4 take 40.
+Each replica gets ``--num-kv-blocks 42``: the 4 system prompts the prefix policy gives it
+(8 prefixes split 4 and 4) plus the partial blocks of the requests in flight there. Round robin
+sends all 8 to each replica, 80 blocks into 42: its cache keeps about the first half of every
+prompt (a finished request frees its blocks tail first, so a chain's head is evicted last) and
+hits about 42/80 of the system tokens. The single replica gets 84 blocks: all 8 and more.
+
+The ceiling of this comparison. With the prompts mixed uniformly, round robin's hit share of
+the system tokens is about C/80 for C cached blocks per replica, and the prefix policy's at most
+min(1, C/40): their ratio is at most 2, reached only at C = 40 with no misses at all, while the
+first question of each prompt always misses (1 of ``--questions``) and a request in flight
+needs a block of its own. Measured: 1.87-1.97 at C = 40-44 (docs/benchmarks.md). A larger
+cache favours round robin (C/80 grows while prefix stays at 1); a smaller one makes both thrash
+alike.
 
 Failover. The prefix run again, and after a third of the requests one replica is killed
 (SIGKILL). A request that had not started streaming must be retried by the router and succeed;
 one already streaming from the dead replica ends with an error event. Counted: requests lost
 before their first byte (should be 0) and streams cut mid-way.
 
-Overhead. A fake backend (its own process) answers at once: a small JSON body, or a stream of
-four SSE chunks. Sequential requests direct and through the router give the added median
-latency; ``--concurrency`` streams at a time give streamed requests/s through the router. On a
-small machine the client, router and backend share the cores, so these are lower bounds.
+Overhead: ``benchmarks/router_overhead.py`` (added latency and streams/s against a fake
+backend, loaded by ``wrk`` when it is installed).
 
-    python -m benchmarks.router               # everything, one JSON line at the end
-    python -m benchmarks.router --skip-engine # overhead only (no model)
+    python -m benchmarks.router                 # everything, one JSON line at the end
+    python -m benchmarks.router --skip-engine   # overhead only (no model)
+    python -m benchmarks.router --skip-overhead # hit rates and failover only
 """
 
 from __future__ import annotations
@@ -179,7 +195,8 @@ def summary(rate: float, result: RunResult) -> dict[str, object]:
     total = sum(result.served.values())
     return {"hit_rate": round(rate, 4),
             "ttft_p50_ms": round(1000 * statistics.median(result.ttfts), 2),
-            "max_replica_share": round(max(result.served.values()) / total, 3) if total else 0,
+            "replica_shares": [round(n / total, 3) for n in sorted(result.served.values(),
+                                                                   reverse=True)],
             "completed": total}
 
 
@@ -246,10 +263,11 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--questions", type=int, default=12, help="per system prompt")
+    parser.add_argument("--questions", type=int, default=32, help="per system prompt")
     parser.add_argument("--system-tokens", type=int, default=160)
-    parser.add_argument("--num-kv-blocks", type=int, default=48,
-                        help="per replica (block size 16)")
+    parser.add_argument("--num-kv-blocks", type=int, default=42,
+                        help="per replica (block size 16): 4 system prompts and the partial "
+                        "blocks of the requests in flight")
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
