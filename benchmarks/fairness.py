@@ -16,6 +16,7 @@ one's first token. Three phases, in one run:
 phases. It prints each phase's p50/p99 TTFT and the ratios to solo; the last line is JSON.
 
     python -m benchmarks.fairness [--quick] [--small-requests 40] [--idle-connections 300]
+        [--phases fair one_tenant]
 """
 
 from __future__ import annotations
@@ -180,6 +181,8 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     solo = await small_tenant(url, KEYS["small"], args.small_requests)
     phases: dict[str, Any] = {"solo": summary(solo)}
     for name, huge_key in (("fair", KEYS["huge"]), ("one_tenant", KEYS["small"])):
+        if name not in args.phases:
+            continue
         statuses: list[int] = []
         ttfts, huge_done = await loaded_phase(url, port, huge_key, args, statuses)
         loaded = summary(ttfts)
@@ -200,6 +203,9 @@ def main() -> int:
     parser.add_argument("--idle-connections", type=int, default=300)
     parser.add_argument("--probe-interval", type=float, default=0.2)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--phases", nargs="+", choices=("fair", "one_tenant"),
+                        default=["fair", "one_tenant"],
+                        help="loaded phases to run after solo (one_tenant is the slow one)")
     args = parser.parse_args()
     if args.quick:
         args.small_requests, args.huge_prompts, args.idle_connections = 10, 16, 100

@@ -19,6 +19,7 @@ from pagedserve.server.engine.core.scheduler_stats import PreemptionStats, Sched
 from pagedserve.server.engine.core.scheduler_updates import StepUpdater
 from pagedserve.server.engine.core.scheduling_budget import SchedulingBudget
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.step_shares import StepShares
 from pagedserve.server.errors import BlockAllocationError, InvalidRequestError, QueueFullError
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ class Scheduler:
     ``max_num_seqs`` sequences. A step that preempts admits nothing new. The queues are kept
     in arrival order, so a request preempted by recomputation goes back ahead of newer ones.
     Waiting requests are admitted fairly between tenants (``fair_share.py``), in arrival
-    order within one.
+    order within one; while several tenants have requests live, the step's prefill tokens
+    are split fairly between them too (``step_shares.py``).
 
     Sequence ids must be unique among live sequences; :meth:`new_seq_id` hands out ids that
     are, and :meth:`fork_seq` uses it. Applying a step's results (appending tokens, forks,
@@ -133,7 +135,9 @@ class Scheduler:
         """The next step: which sequences compute how many tokens, and the block operations
         to do first. The caller runs it, then calls :meth:`update_from_output`."""
         output, self._pending = self._pending, SchedulerOutput()
-        budget = SchedulingBudget(self.config.max_num_batched_tokens)
+        budget = SchedulingBudget(self.config.max_num_batched_tokens, StepShares.of(
+            self.running, [*self.swapped, *self.waiting], self.config.max_num_batched_tokens,
+            self.config.max_shared_prefill_tokens, self.tenant_shares.rank))
         self._schedule_running(output, budget)
         if not output.preempted:
             self._schedule_swapped(output, budget)
@@ -188,7 +192,7 @@ class Scheduler:
             return
         num_seqs = self.num_running_seqs()
         order = self.tenant_shares.order(self.waiting, self._arrival_of)
-        while self.waiting:
+        while order:
             seq_group = order.next()
             width = seq_group.max_num_running_seqs()
             if num_seqs + width > self.config.max_num_seqs:
@@ -200,6 +204,9 @@ class Scheduler:
                 continue
             if status is AllocStatus.LATER or budget.tokens_left < seq_group.num_seqs(WAITING):
                 return
+            if not budget.admits(seq_group):
+                order.drop_tenant(seq_group.tenant)  # its share of the step is spent
+                continue
             order.remove(seq_group)
             self.waiting.remove(seq_group)
             self.block_manager.allocate(seq_group)
@@ -210,10 +217,10 @@ class Scheduler:
 
     def _schedule_group(self, seq_group: SequenceGroup, plan: list[tuple[Sequence, int]],
                         output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        budget.spend(seq_group, sum(num_new_tokens for _, num_new_tokens in plan))
         for seq, num_new_tokens in plan:
             output.blocks_to_copy.extend(self.block_manager.append_slots(seq, num_new_tokens))
             output.scheduled.append(ScheduledSequence.of(seq, seq_group, num_new_tokens))
-            budget.spend(num_new_tokens)
         if plan and seq_group.metrics.first_scheduled_time is None:
             seq_group.metrics.first_scheduled_time = self._clock()
 
