@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -170,9 +171,9 @@ def summary(ttfts: list[float]) -> dict[str, float]:
             "p99_ms": round(p99 * 1000, 1)}
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
+def start_server(extra_flags: list[str]) -> tuple[subprocess.Popen[str], str]:
     return harness.launch_pagedserve(["--model", "tiny", "--api-key", *KEYS.values(),
-                                      *SERVER_FLAGS], _START_TIMEOUT_S)
+                                      *SERVER_FLAGS, *extra_flags], _START_TIMEOUT_S)
 
 
 async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -206,10 +207,12 @@ def main() -> int:
     parser.add_argument("--phases", nargs="+", choices=("fair", "one_tenant"),
                         default=["fair", "one_tenant"],
                         help="loaded phases to run after solo (one_tenant is the slow one)")
+    parser.add_argument("--server-flags", default="",
+                        help="more flags for the server, e.g. '--max-shared-prefill-tokens 64'")
     args = parser.parse_args()
     if args.quick:
         args.small_requests, args.huge_prompts, args.idle_connections = 10, 16, 100
-    process, url = start_server()
+    process, url = start_server(shlex.split(args.server_flags))
     try:
         phases = asyncio.run(run(url, args))
     finally:
