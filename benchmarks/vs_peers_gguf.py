@@ -10,11 +10,13 @@ machine shared with other busy processes one thread each avoids threads waiting 
 other), its default float16
 KV cache; its context is sized to hold every slot's request (``-c``), which it splits evenly
 between slots. pagedserve runs with its defaults too (dtype auto, 1 GiB of KV cache). The client
-is ``pagedserve bench`` (random prompts counted with tiktoken's cl100k_base, the same prompts
-for every server, ``--ignore-eos``, request rate inf, a max concurrency); throughput counts
-completed requests only.
+is ``vllm bench serve`` when ``--vllm`` is given or ``vllm`` is on the PATH (random prompts
+counted with the file's own tokenizer, exported from its metadata), else ``pagedserve bench``
+(prompts counted with tiktoken's cl100k_base); either way the same prompts for every server,
+``--ignore-eos``, request rate inf, a max concurrency. Throughput counts completed requests
+only.
 
-    python -m benchmarks.vs_peers_gguf --llama-server PATH [--gguf FILE]
+    python -m benchmarks.vs_peers_gguf --llama-server PATH [--vllm PATH] [--gguf FILE]
         [--concurrency 1,8,32] [--input-len 128] [--output-len 64] [--rounds 1]
 
 Last line: JSON with each server's output tokens/s per concurrency and the ratios of
@@ -28,6 +30,7 @@ import json
 import os
 import statistics
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.harness import (
@@ -77,21 +80,51 @@ WARM_UP = Workload("warm-up", 16, 8, 1, 1)
 LLAMA_CLIENT = ("--header", "Connection=close")
 
 
-def bench(base_url: str, model: Path, w: Workload, out: Path,
-          extra: tuple[str, ...] = ()) -> dict:
-    """``pagedserve bench`` with prompts counted by tiktoken (the same for every server)."""
-    out.unlink(missing_ok=True)
-    command = [*PAGEDSERVE, "bench", "--base-url", base_url, "--model", str(model),
-               "--tokenizer", "cl100k_base", "--dataset-name", "random",
-               "--random-input-len", str(w.input_len), "--random-output-len",
-               str(w.output_len), "--num-prompts", str(w.num_prompts), "--max-concurrency",
-               str(w.concurrency), "--request-rate", "inf", "--ignore-eos", "--seed", "0",
-               "--disable-tqdm", "--result-json", str(out), *extra]
-    return _summary(run_client(command, out), w)
+@dataclass(frozen=True)
+class BenchClient:
+    """The load client, the same for every server: ``vllm bench serve`` with the file's own
+    tokenizer when vLLM is installed (the issue's yardstick), else ``pagedserve bench`` with
+    prompts counted by tiktoken's cl100k_base."""
+
+    vllm: Path | None = None
+    tokenizer: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return "vllm bench serve" if self.vllm else "pagedserve bench"
+
+    def __call__(self, base_url: str, model: Path, w: Workload, out: Path,
+                 extra: tuple[str, ...] = ()) -> dict:
+        out.unlink(missing_ok=True)
+        workload = ["--dataset-name", "random", "--random-input-len", str(w.input_len),
+                    "--random-output-len", str(w.output_len), "--num-prompts",
+                    str(w.num_prompts), "--max-concurrency", str(w.concurrency),
+                    "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--disable-tqdm",
+                    *extra]
+        if self.vllm is None:
+            command = [*PAGEDSERVE, "bench", "--base-url", base_url, "--model", str(model),
+                       "--tokenizer", "cl100k_base", *workload, "--result-json", str(out)]
+            return _summary(run_client(command, out), w)
+        command = [str(self.vllm), "bench", "serve", "--backend", "openai", "--base-url",
+                   base_url, "--model", str(model), "--tokenizer", str(self.tokenizer),
+                   *workload, "--save-result", "--result-dir", str(out.parent),
+                   "--result-filename", out.name]
+        return _summary(run_client(command, out, {"VLLM_TARGET_DEVICE": "cpu"}), w)
+
+
+def export_tokenizer(model: Path, work: Path) -> Path:
+    """The GGUF's tokenizer as a Hugging Face folder, for ``vllm bench serve``."""
+    from transformers import AutoTokenizer
+
+    out = work / f"tokenizer-{model.stem}"
+    if not (out / "tokenizer.json").is_file():
+        AutoTokenizer.from_pretrained(str(model.parent), gguf_file=model.name).save_pretrained(
+            out)
+    return out
 
 
 def run_once(server_name: str, model: Path, llama: Path | None, workloads: list[Workload],
-             work: Path, timeout: float, threads: int) -> dict:
+             work: Path, timeout: float, threads: int, bench: BenchClient) -> dict:
     results = {}
     if server_name == "llama_cpp":
         for w in workloads:  # a server per concurrency: its slots are fixed at start
@@ -132,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", default=None, help="default: SmolLM2-135M-Instruct Q4_1")
     parser.add_argument("--llama-server", help="llama.cpp's llama-server "
                                                "(../shared/peers/install-llama-cpp.sh)")
+    parser.add_argument("--vllm", help="vLLM's executable, whose `vllm bench serve` is then the "
+                                       "client (../shared/peers/install-vllm-cpu.sh)")
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -151,12 +186,18 @@ def main(argv: list[str] | None = None) -> int:
                           max(4, c * args.prompts_per_slot), c)
                  for c in map(int, args.concurrency.split(","))]
     servers = [s for s in args.servers.split(",") if s in SERVERS]
+    vllm, vllm_why = find_tool(args.vllm, "vllm")
+    if vllm is None:
+        print(f"client: pagedserve bench (vllm bench serve: {vllm_why})", flush=True)
+        client = BenchClient()
+    else:
+        client = BenchClient(vllm, export_tokenizer(model, work))
     llama, why = find_tool(args.llama_server, "llama-server")
     if llama is None and "llama_cpp" in servers:
         print(f"skipping llama_cpp: {why}", flush=True)
         servers.remove("llama_cpp")
-    print(f"{os.cpu_count()} cores, {args.threads} threads per server, load average "
-          f"{load_average()}, model {model} ({model.stat().st_size / 2**20:.1f} MiB)",
+    print(f"{os.cpu_count()} cores, {args.threads} threads per server, client {client.name}, "
+          f"load average {load_average()}, model {model} ({model.stat().st_size / 2**20:.1f} MiB)",
           flush=True)
     rounds: dict[str, list[dict]] = {s: [] for s in servers}
     for number in range(args.rounds):
@@ -164,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {number + 1} of {args.rounds}", flush=True)
         for server in servers:
             rounds[server].append(run_once(server, model, llama, workloads, work,
-                                           args.startup_timeout, args.threads))
+                                           args.startup_timeout, args.threads, client))
     tok_s = {s: {w.name: statistics.median(r[w.name]["output_tok_s"] for r in runs)
                  for w in workloads} for s, runs in rounds.items()}
     ratios = {}
@@ -174,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                                          for w in tok_s[peer]}
             print(f"pagedserve gguf / {peer}: " + "  ".join(
                 f"{w} {r:.2f}x" for w, r in ratios[f"gguf_vs_{peer}"].items()), flush=True)
-    print(json.dumps({"output_tok_s": tok_s, "ratios": ratios,
+    print(json.dumps({"client": client.name, "output_tok_s": tok_s, "ratios": ratios,
                       "load_average": load_average()}))
     return 0
 
