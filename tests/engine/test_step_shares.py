@@ -107,3 +107,15 @@ def test_water_fill_meets_small_demands_and_splits_the_rest() -> None:
         "b": 3, "a": 9, "c": 8}  # the odd token to a, served less than c
     assert water_fill({"a": 4, "b": 4}, 20, served.__getitem__) == {"a": 4, "b": 4}
     assert water_fill({"a": 10, "b": 10}, 0, served.__getitem__) == {"a": 0, "b": 0}
+
+
+def test_a_request_waiting_for_blocks_keeps_no_share() -> None:
+    scheduler = make_scheduler(num_blocks=12, max_num_batched_tokens=16,
+                               max_shared_prefill_tokens=8)
+    runner = FakeRunner(scheduler, {"h0": 1, "s0": 1})
+    add(scheduler, "h0", 40, tenant="huge")   # 10 of the 12 blocks
+    schedule = steps(runner, 1)
+    add(scheduler, "s0", 12, tenant="small")  # 3 blocks: it starts when h0 frees its own
+    schedule += steps(runner, 3)
+    # Unbounded while s0 cannot start, so that h0's prompt, and its blocks, finish soonest.
+    assert schedule == [[("h0", 16)], [("h0", 16)], [("h0", 8)], [("s0", 12)]]

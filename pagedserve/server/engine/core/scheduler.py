@@ -135,15 +135,20 @@ class Scheduler:
         """The next step: which sequences compute how many tokens, and the block operations
         to do first. The caller runs it, then calls :meth:`update_from_output`."""
         output, self._pending = self._pending, SchedulerOutput()
-        budget = SchedulingBudget(self.config.max_num_batched_tokens, StepShares.of(
-            self.running, [*self.swapped, *self.waiting], self.config.max_num_batched_tokens,
-            self.config.max_shared_prefill_tokens, self.tenant_shares.rank))
+        budget = SchedulingBudget(self.config.max_num_batched_tokens, self._step_shares())
         self._schedule_running(output, budget)
         if not output.preempted:
             self._schedule_swapped(output, budget)
         if not output.preempted and not self.swapped:
             self._schedule_waiting(output, budget)
         return output
+
+    def _step_shares(self) -> StepShares | None:
+        return StepShares.of(
+            self.running, self.swapped, self.waiting,
+            lambda group: self.block_manager.can_allocate(group) is AllocStatus.OK,
+            self.config.max_num_batched_tokens, self.config.max_shared_prefill_tokens,
+            self.tenant_shares.rank)
 
     def _schedule_running(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
         index = 0

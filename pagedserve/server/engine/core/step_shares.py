@@ -21,7 +21,7 @@ With one tenant live nothing changes: no allowances, the step is as it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from pagedserve.server.engine.core.sequence import SequenceGroup, SequenceStatus
 
@@ -34,6 +34,16 @@ def prefill_tokens(seq_group: SequenceGroup) -> int:
     tokens = [seq.num_uncomputed_tokens for seq in seq_group.seqs
               if not seq.status.is_finished]
     return sum(tokens) if any(num > 1 for num in tokens) else 0
+
+
+def _admissible_lines(waiting: list[SequenceGroup],
+                      can_admit: Callable[[SequenceGroup], bool]) -> list[SequenceGroup]:
+    """The waiting requests of the tenants whose oldest waiting request could start now."""
+    admissible: dict[Tenant, bool] = {}
+    for group in waiting:  # in arrival order: a tenant's first is its oldest
+        if group.tenant not in admissible:
+            admissible[group.tenant] = can_admit(group)
+    return [group for group in waiting if admissible[group.tenant]]
 
 
 def is_prefilling(seq_group: SequenceGroup) -> bool:
@@ -53,12 +63,18 @@ class StepShares:
         self.allowance = allowance
 
     @classmethod
-    def of(cls, running: list[SequenceGroup], others: Iterable[SequenceGroup],
+    def of(cls, running: list[SequenceGroup], swapped: list[SequenceGroup],
+           waiting: list[SequenceGroup], can_admit: Callable[[SequenceGroup], bool],
            max_num_batched_tokens: int, max_shared_prefill_tokens: int | None,
            rank: Callable[[Tenant], tuple[int, int]]) -> StepShares | None:
-        """The allowances for a step over the ``running`` requests and the swapped and
-        waiting ``others``, or None when one tenant (or none) has requests live."""
-        groups = [*running, *others]
+        """The allowances for a step over the running, swapped and waiting requests, or None
+        when one tenant (or none) has requests live.
+
+        A tenant's waiting requests count only if the blocks its oldest needs are free
+        (``can_admit``): a share kept for a request that cannot start would slow down the
+        prefills whose end frees those blocks.
+        """
+        groups = [*running, *swapped, *_admissible_lines(waiting, can_admit)]
         if len({group.tenant for group in groups}) < 2:
             return None
         demand: dict[Tenant, int] = {}
