@@ -119,3 +119,20 @@ def test_a_request_waiting_for_blocks_keeps_no_share() -> None:
     schedule += steps(runner, 3)
     # Unbounded while s0 cannot start, so that h0's prompt, and its blocks, finish soonest.
     assert schedule == [[("h0", 16)], [("h0", 16)], [("h0", 8)], [("s0", 12)]]
+
+
+def test_a_tenant_lingers_for_some_steps_after_its_last_request() -> None:
+    def schedule(linger: int) -> list[Step]:
+        scheduler = make_scheduler(max_num_batched_tokens=16, max_shared_prefill_tokens=8,
+                                   tenant_linger_steps=linger)
+        runner = FakeRunner(scheduler, {"h0": 1, "s0": 1})
+        add(scheduler, "h0", 40, tenant="huge")
+        add(scheduler, "s0", 2, tenant="small")
+        return steps(runner, 5)
+
+    # s0 finishes in the first step; its tenant still counts for two steps more, so the
+    # steps stay short for its next request.
+    assert schedule(2) == [[("h0", 6), ("s0", 2)], [("h0", 8)], [("h0", 8)], [("h0", 16)],
+                           [("h0", 2)]]
+    assert schedule(0) == [[("h0", 6), ("s0", 2)], [("h0", 16)], [("h0", 16)], [("h0", 2)],
+                           []]

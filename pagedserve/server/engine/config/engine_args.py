@@ -52,6 +52,7 @@ class EngineArgs:
     preemption_mode: str = "auto"
     max_waiting_requests: int | None = None
     max_shared_prefill_tokens: int | None = None
+    tenant_linger_steps: int = 0
     tensor_parallel_size: int = 1
     distributed_timeout: float = 120.0
     grammar_cache_size: int = 256
@@ -99,6 +100,7 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
             max_waiting_requests=self.max_waiting_requests,
             max_shared_prefill_tokens=self.max_shared_prefill_tokens,
+            tenant_linger_steps=self.tenant_linger_steps,
         )
 
     @classmethod
@@ -191,6 +193,9 @@ class EngineArgs:
                        help="while requests of more than one tenant (API key) are live, most "
                             "prompt tokens one step computes, split fairly between the tenants; "
                             "None: --max-num-batched-tokens")
+        g.add_argument("--tenant-linger-steps", type=int, default=0,
+                       help="steps a tenant still counts as live after its last request "
+                            "finished (its next request then finds short steps)")
         g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                        help="split the model across this many ranks (processes: gloo on "
                             "CPU, NCCL with one GPU each on CUDA); see the README")

@@ -104,7 +104,8 @@ class SchedulerConfig:
     tokens of one sequence. ``max_waiting_requests`` (None: unbounded) turns a full queue into
     ``QueueFullError`` instead of unbounded latency. ``max_shared_prefill_tokens`` (None:
     unbounded) bounds a step's prompt tokens while more than one tenant has requests live, so
-    that one tenant's long prompts do not make every step long for the others.
+    that one tenant's long prompts do not make every step long for the others; a tenant still
+    counts as live for ``tenant_linger_steps`` steps after its last request finished.
     """
 
     max_num_seqs: int = 256
@@ -113,6 +114,7 @@ class SchedulerConfig:
     preemption_mode: PreemptionModeName = "auto"
     max_waiting_requests: int | None = None
     max_shared_prefill_tokens: int | None = None
+    tenant_linger_steps: int = 0
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "at least 1")
@@ -126,3 +128,5 @@ class SchedulerConfig:
         _require(self.max_shared_prefill_tokens is None or self.max_shared_prefill_tokens >= 1,
                  "max_shared_prefill_tokens", self.max_shared_prefill_tokens,
                  "None or at least 1")
+        _require(self.tenant_linger_steps >= 0, "tenant_linger_steps", self.tenant_linger_steps,
+                 "at least 0")

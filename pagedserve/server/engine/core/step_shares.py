@@ -21,7 +21,7 @@ With one tenant live nothing changes: no allowances, the step is as it was.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pagedserve.server.engine.core.sequence import SequenceGroup, SequenceStatus
 
@@ -64,18 +64,20 @@ class StepShares:
 
     @classmethod
     def of(cls, running: list[SequenceGroup], swapped: list[SequenceGroup],
-           waiting: list[SequenceGroup], can_admit: Callable[[SequenceGroup], bool],
+           waiting: list[SequenceGroup], lingering: Iterable[Tenant],
+           can_admit: Callable[[SequenceGroup], bool],
            max_num_batched_tokens: int, max_shared_prefill_tokens: int | None,
            rank: Callable[[Tenant], tuple[int, int]]) -> StepShares | None:
         """The allowances for a step over the running, swapped and waiting requests, or None
-        when one tenant (or none) has requests live.
+        when one tenant (or none) has requests live. The ``lingering`` tenants (whose last
+        request finished a moment ago) count as live, with nothing to prefill.
 
         A tenant's waiting requests count only if the blocks its oldest needs are free
         (``can_admit``): a share kept for a request that cannot start would slow down the
         prefills whose end frees those blocks.
         """
         groups = [*running, *swapped, *_admissible_lines(waiting, can_admit)]
-        if len({group.tenant for group in groups}) < 2:
+        if len({group.tenant for group in groups}.union(lingering)) < 2:
             return None
         demand: dict[Tenant, int] = {}
         width: dict[Tenant, int] = {}
