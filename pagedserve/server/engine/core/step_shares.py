@@ -76,8 +76,11 @@ class StepShares:
         (``can_admit``): a share kept for a request that cannot start would slow down the
         prefills whose end frees those blocks.
         """
+        lingering = set(lingering)
+        if len(lingering.union(group.tenant for group in (*running, *swapped, *waiting))) < 2:
+            return None  # one tenant: no block checks either
         groups = [*running, *swapped, *_admissible_lines(waiting, can_admit)]
-        if len({group.tenant for group in groups}.union(lingering)) < 2:
+        if len(lingering.union(group.tenant for group in groups)) < 2:
             return None
         demand: dict[Tenant, int] = {}
         width: dict[Tenant, int] = {}
