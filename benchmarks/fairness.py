@@ -16,6 +16,7 @@ one's first token. Three phases, in one run:
 phases. It prints each phase's p50/p99 TTFT and the ratios to solo; the last line is JSON.
 
     python -m benchmarks.fairness [--quick] [--small-requests 40] [--idle-connections 300]
+        [--phases fair one_tenant] [--server-flags '--max-shared-prefill-tokens 64']
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -78,20 +80,20 @@ async def small_tenant(url: str, key: str, count: int) -> list[float]:
         return [await time_to_first_token(client, url, key, i) for i in range(count)]
 
 
-async def huge_tenant(url: str, key: str, prompts: int, words: int, in_flight: int) -> int:
-    """Keeps ``in_flight`` huge requests going until cancelled; returns how many finished."""
-    done = 0
+async def huge_tenant(url: str, key: str, prompts: int, words: int, in_flight: int,
+                      done: list[int]) -> None:
+    """Keeps ``in_flight`` huge requests going until cancelled; counts those that finished
+    in ``done[0]`` (a count the caller reads after cancelling it)."""
     body = {"model": "tiny", "prompt": [prompt(words, i) for i in range(prompts)],
             "max_tokens": 1}
 
     async def loop(client: aiohttp.ClientSession) -> None:
-        nonlocal done
         while True:
             async with client.post(url + "/v1/completions", json=body,
                                    headers={"Authorization": f"Bearer {key}"}) as response:
                 await response.read()
                 if response.status == 200:
-                    done += 1
+                    done[0] += 1
                 else:
                     await asyncio.sleep(0.1)
 
@@ -103,7 +105,6 @@ async def huge_tenant(url: str, key: str, prompts: int, words: int, in_flight: i
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    return done
 
 
 async def idle_connections(port: int, count: int) -> None:
@@ -145,9 +146,10 @@ async def probe_health(url: str, interval: float, statuses: list[int]) -> None:
 
 async def loaded_phase(url: str, port: int, huge_key: str, args: argparse.Namespace,
                        statuses: list[int]) -> tuple[list[float], int]:
+    huge_done = [0]
     background = [
         asyncio.ensure_future(huge_tenant(url, huge_key, args.huge_prompts, args.huge_words,
-                                          args.huge_in_flight)),
+                                          args.huge_in_flight, huge_done)),
         asyncio.ensure_future(idle_connections(port, args.idle_connections)),
         asyncio.ensure_future(probe_health(url, args.probe_interval, statuses)),
     ]
@@ -157,9 +159,8 @@ async def loaded_phase(url: str, port: int, huge_key: str, args: argparse.Namesp
     finally:
         for task in background:
             task.cancel()
-        results = await asyncio.gather(*background, return_exceptions=True)
-    huge_done = results[0] if isinstance(results[0], int) else 0
-    return ttfts, huge_done
+        await asyncio.gather(*background, return_exceptions=True)
+    return ttfts, huge_done[0]
 
 
 def summary(ttfts: list[float]) -> dict[str, float]:
@@ -169,9 +170,9 @@ def summary(ttfts: list[float]) -> dict[str, float]:
             "p99_ms": round(p99 * 1000, 1)}
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
+def start_server(extra_flags: list[str]) -> tuple[subprocess.Popen[str], str]:
     return harness.launch_pagedserve(["--model", "tiny", "--api-key", *KEYS.values(),
-                                      *SERVER_FLAGS], _START_TIMEOUT_S)
+                                      *SERVER_FLAGS, *extra_flags], _START_TIMEOUT_S)
 
 
 async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -180,6 +181,8 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     solo = await small_tenant(url, KEYS["small"], args.small_requests)
     phases: dict[str, Any] = {"solo": summary(solo)}
     for name, huge_key in (("fair", KEYS["huge"]), ("one_tenant", KEYS["small"])):
+        if name not in args.phases:
+            continue
         statuses: list[int] = []
         ttfts, huge_done = await loaded_phase(url, port, huge_key, args, statuses)
         loaded = summary(ttfts)
@@ -200,10 +203,15 @@ def main() -> int:
     parser.add_argument("--idle-connections", type=int, default=300)
     parser.add_argument("--probe-interval", type=float, default=0.2)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--phases", nargs="+", choices=("fair", "one_tenant"),
+                        default=["fair", "one_tenant"],
+                        help="loaded phases to run after solo (one_tenant is the slow one)")
+    parser.add_argument("--server-flags", default="",
+                        help="more flags for the server, e.g. '--max-shared-prefill-tokens 64'")
     args = parser.parse_args()
     if args.quick:
         args.small_requests, args.huge_prompts, args.idle_connections = 10, 16, 100
-    process, url = start_server()
+    process, url = start_server(shlex.split(args.server_flags))
     try:
         phases = asyncio.run(run(url, args))
     finally:

@@ -1,27 +1,43 @@
 """The router in front of two replicas: prefix-cache hit rates by policy, a replica killed
 mid-run, and the router's own overhead against a fast fake backend.
 
-Hit rates. Two ``pagedserve serve tiny`` replicas with deliberately small KV caches
-(``--num-kv-blocks``) and prefix caching on; a workload of 8 shared system prompts (token ids,
-``--system-tokens`` each) × many short questions, shuffled, streamed with a few in flight,
+Hit rates. Two ``pagedserve serve tiny`` replicas with prefix caching on and deliberately
+small KV caches; a workload of 8 shared system prompts (token ids, ``--system-tokens`` each) ×
+``--questions`` short questions each, shuffled, streamed ``--concurrency`` at a time,
 ``--max-tokens`` greedy tokens each. The same workload runs through ``pagedserve router`` with
-``--policy prefix`` and ``round-robin``, and against one replica holding both caches' blocks
-(the best any split can do). The hit rate is the engines' own: prefix-cache hit tokens over
-queried tokens (``vllm:prefix_cache_*`` on /metrics), over the run. Also: each replica's share
-of the requests and the client's median time to first token.
+``--policy prefix`` and ``round-robin``, and against one replica with both caches' blocks (the
+best any split can do). The hit rate is the engines' own: prefix-cache hit tokens over queried
+tokens (``vllm:prefix_cache_*`` on /metrics), over the run. Also: each replica's share of the
+requests and the client's median time to first token.
+
+The sizing, in blocks of 16 tokens. A system prompt is 160 ids, 10 whole blocks; a question
+(4-11 ids) and its 4 generated tokens fit in one more, partial block, which the prefix cache
+never keeps, so every cached block belongs to a system prompt: all 8 take 80 blocks, 4 take 40.
+Each replica gets ``--num-kv-blocks 42``: the 4 system prompts the prefix policy gives it
+(8 prefixes split 4 and 4) plus the partial blocks of the requests in flight there. Round robin
+sends all 8 to each replica, 80 blocks into 42: its cache keeps about the first half of every
+prompt (a finished request frees its blocks tail first, so a chain's head is evicted last) and
+hits about 42/80 of the system tokens. The single replica gets 84 blocks: all 8 and more.
+
+The ceiling of this comparison. With the prompts mixed uniformly, round robin's hit share of
+the system tokens is about C/80 for C cached blocks per replica, and the prefix policy's at most
+min(1, C/40): their ratio is at most 2, reached only at C = 40 with no misses at all, while the
+first question of each prompt always misses (1 of ``--questions``) and a request in flight
+needs a block of its own. Measured: 1.87-1.97 at C = 40-44 (docs/benchmarks.md). A larger
+cache favours round robin (C/80 grows while prefix stays at 1); a smaller one makes both thrash
+alike.
 
 Failover. The prefix run again, and after a third of the requests one replica is killed
 (SIGKILL). A request that had not started streaming must be retried by the router and succeed;
 one already streaming from the dead replica ends with an error event. Counted: requests lost
 before their first byte (should be 0) and streams cut mid-way.
 
-Overhead. A fake backend (its own process) answers at once: a small JSON body, or a stream of
-four SSE chunks. Sequential requests direct and through the router give the added median
-latency; ``--concurrency`` streams at a time give streamed requests/s through the router. On a
-small machine the client, router and backend share the cores, so these are lower bounds.
+Overhead: ``benchmarks/router_overhead.py`` (added latency and streams/s against a fake
+backend, loaded by ``wrk`` when it is installed).
 
-    python -m benchmarks.router               # everything, one JSON line at the end
-    python -m benchmarks.router --skip-engine # overhead only (no model)
+    python -m benchmarks.router                 # everything, one JSON line at the end
+    python -m benchmarks.router --skip-engine   # overhead only (no model)
+    python -m benchmarks.router --skip-overhead # hit rates and failover only
 """
 
 from __future__ import annotations
@@ -29,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import random
 import re
@@ -40,14 +55,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
-from aiohttp import web
 
-from benchmarks.harness import PAGEDSERVE, free_port, read_address, start
+from benchmarks import router_overhead
+from benchmarks.harness import PAGEDSERVE, read_address, start
 from benchmarks.harness import stop as harness_stop
 
 NUM_SYSTEMS = 8
-SSE_CHUNKS = 4
+# A question's token count (the upper end excluded). A system prompt fills whole blocks; the
+# question and the generated tokens then fit in one partial block, which is never cached, so
+# every cached block is a system prompt's and the cache sizes below count systems exactly.
+QUESTION_TOKENS = (4, 12)
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -88,7 +105,7 @@ def make_workload(num_questions: int, system_tokens: int, seed: int) -> list[lis
     rng = random.Random(seed)
     systems = [[rng.randrange(10, 250) for _ in range(system_tokens)] for _ in
                range(NUM_SYSTEMS)]
-    prompts = [system + [rng.randrange(10, 250) for _ in range(rng.randrange(8, 24))]
+    prompts = [system + [rng.randrange(10, 250) for _ in range(rng.randrange(*QUESTION_TOKENS))]
                for system in systems for _ in range(num_questions)]
     rng.shuffle(prompts)
     return prompts
@@ -178,7 +195,8 @@ def summary(rate: float, result: RunResult) -> dict[str, object]:
     total = sum(result.served.values())
     return {"hit_rate": round(rate, 4),
             "ttft_p50_ms": round(1000 * statistics.median(result.ttfts), 2),
-            "max_replica_share": round(max(result.served.values()) / total, 3) if total else 0,
+            "replica_shares": [round(n / total, 3) for n in sorted(result.served.values(),
+                                                                   reverse=True)],
             "completed": total}
 
 
@@ -233,93 +251,11 @@ async def failover_run(args: argparse.Namespace, prompts: list[list[int]]) -> di
             "cut_mid_stream": result.cut_mid_stream}
 
 
-# -- overhead against a fake backend ---------------------------------------------------------
-
-
-def serve_fake_backend(port: int) -> None:
-    async def complete(request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        if not body.get("stream"):
-            return web.json_response({"object": "text_completion", "choices": []})
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for index in range(SSE_CHUNKS):
-            await response.write(b"data: " + orjson.dumps({"chunk": index}) + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        return response
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", complete)
-    app.router.add_get("/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
-
-
-async def latencies(url: str, count: int) -> list[float]:
-    out = []
-    async with aiohttp.ClientSession() as http:
-        for _ in range(count):
-            start = time.perf_counter()
-            async with http.post(url + "/v1/completions", json={"prompt": "hi"}) as response:
-                await response.read()
-            out.append(time.perf_counter() - start)
-    return out
-
-
-async def streamed_rate(url: str, count: int, concurrency: int) -> float:
-    remaining = count
-
-    async def worker(http: aiohttp.ClientSession) -> None:
-        nonlocal remaining
-        while remaining > 0:
-            remaining -= 1
-            async with http.post(url + "/v1/completions",
-                                 json={"prompt": "hi", "stream": True}) as response:
-                await response.read()
-
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
-        return count / (time.perf_counter() - start)
-
-
-async def overhead_runs(args: argparse.Namespace) -> dict[str, object]:
-    port = free_port()
-    backend = multiprocessing.Process(target=serve_fake_backend, args=(port,), daemon=True)
-    backend.start()
-    direct = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            await latencies(direct, 1)
-            break
-        except aiohttp.ClientError:
-            await asyncio.sleep(0.1)
-    router, router_url = await start_router([direct], "prefix")
-    try:
-        await latencies(router_url, 50)  # warm connections
-        direct_p50 = statistics.median(await latencies(direct, args.overhead_requests))
-        routed_p50 = statistics.median(await latencies(router_url, args.overhead_requests))
-        direct_rate = await streamed_rate(direct, args.stream_requests, args.stream_concurrency)
-        routed_rate = await streamed_rate(router_url, args.stream_requests,
-                                          args.stream_concurrency)
-    finally:
-        await stop(router)
-        backend.terminate()
-        backend.join()
-    return {"direct_p50_ms": round(1000 * direct_p50, 3),
-            "routed_p50_ms": round(1000 * routed_p50, 3),
-            "added_p50_ms": round(1000 * (routed_p50 - direct_p50), 3),
-            "direct_streams_per_s": round(direct_rate, 1),
-            "routed_streams_per_s": round(routed_rate, 1)}
-
-
 async def main(args: argparse.Namespace) -> None:
     report: dict[str, object] = {"cpus": os.cpu_count()}
-    report["overhead"] = await overhead_runs(args)
-    print("overhead:", json.dumps(report["overhead"]), flush=True)
+    if not args.skip_overhead:
+        report["overhead"] = await asyncio.to_thread(router_overhead.measure, args)
+        print("overhead:", json.dumps(report["overhead"]), flush=True)
     if not args.skip_engine:
         report.update(await engine_runs(args))
     print(json.dumps(report))
@@ -327,17 +263,17 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--questions", type=int, default=12, help="per system prompt")
+    parser.add_argument("--questions", type=int, default=32, help="per system prompt")
     parser.add_argument("--system-tokens", type=int, default=160)
-    parser.add_argument("--num-kv-blocks", type=int, default=48,
-                        help="per replica (block size 16)")
+    parser.add_argument("--num-kv-blocks", type=int, default=42,
+                        help="per replica (block size 16): 4 system prompts and the partial "
+                        "blocks of the requests in flight")
     parser.add_argument("--max-tokens", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--overhead-requests", type=int, default=500)
-    parser.add_argument("--stream-requests", type=int, default=3000)
-    parser.add_argument("--stream-concurrency", type=int, default=64)
+    router_overhead.add_arguments(parser)
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--router-flag", action="append", default=[],
                         help="passed to pagedserve router (repeat), "
                         "e.g. --router-flag=--load-factor=2")

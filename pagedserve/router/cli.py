@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spill-threshold", type=int, default=8,
                         help="bounded load spares a replica until it holds this many requests "
                         "more than the least loaded one")
+    parser.add_argument("--prefix-load-factor", type=float, default=1.0,
+                        help="bounded load on new prefixes: most recent prefixes per replica, "
+                        "as a multiple of the mean (1.0: as even as the count allows)")
     parser.add_argument("--max-tracked-prefixes", type=int, default=65536,
                         help="recent prefixes whose replica the router remembers")
     parser.add_argument("--max-waiting", type=int, default=4,
@@ -58,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         host=args.host, port=args.port, prefix_blocks=args.prefix_blocks,
         block_chars=args.block_chars, block_size=args.block_size,
         load_factor=args.load_factor, spill_threshold=args.spill_threshold,
+        prefix_load_factor=args.prefix_load_factor,
         max_tracked_prefixes=args.max_tracked_prefixes,
         max_waiting=args.max_waiting,
         max_kv_usage=args.max_kv_usage, health_interval=args.health_interval,

@@ -24,6 +24,11 @@ class RouterConfig:
     load_factor: float = 1.25
     # ...and holds at least ``spill_threshold`` more than the least loaded replica.
     spill_threshold: int = 8
+    # New prefixes: no replica owns more than ``prefix_load_factor`` × the mean number of
+    # recent prefixes. 1.0 splits them as evenly as the count allows (8 prefixes on two
+    # replicas: 4 and 4); above it the ring's choice wins more often, at the cost of one
+    # replica caching more prefixes than the other (5 and 3: one thrashes while one idles).
+    prefix_load_factor: float = 1.0
     # Recent prefixes whose replica the router remembers (LRU).
     max_tracked_prefixes: int = 65536
     # A replica counts as saturated when its hints say so; the prefix choice then moves on.
@@ -57,6 +62,7 @@ class RouterConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.spill_threshold < 0:
             raise ValueError(f"spill_threshold must be non-negative, got {self.spill_threshold}")
-        if self.load_factor < 1.0:
-            raise ValueError(f"load_factor must be at least 1.0, got {self.load_factor}")
+        for name in ("load_factor", "prefix_load_factor"):
+            if getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be at least 1.0, got {getattr(self, name)}")
         self.replicas = [url.rstrip("/") for url in self.replicas]

@@ -4,6 +4,7 @@ replica's health. One registry per application, so two routers in a process neve
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,6 +38,15 @@ class RouterMetrics:
         self.failures = Counter(PREFIX + "failed_requests", "Requests the router answered "
                                 "with its own error, by status.", ["status"], registry=registry)
         registry.register(_ReplicaCollector(replicas))
+        # The per-replica child of ``routed``: ``labels()`` takes a lock and builds a key on
+        # every call, on the path of every request.
+        self._routed_children: dict[str, Any] = {}
+
+    def count_routed(self, url: str) -> None:
+        child = self._routed_children.get(url)
+        if child is None:
+            child = self._routed_children[url] = self.routed.labels(url)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -93,7 +93,7 @@ class PrefixAffinity:
             return min(order, key=lambda r: (r.saturated(self.config), r.load()))
         if not placing:
             return open_[0]
-        bound = self.owners.bound(len(order), self.config.load_factor)
+        bound = self.owners.bound(len(order), self.config.prefix_load_factor)
         chosen = next((r for r in open_ if self.owners.count(r.url) + 1 <= bound), open_[0])
         self.owners.assign(key, chosen.url)
         return chosen

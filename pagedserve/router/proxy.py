@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -60,7 +61,7 @@ async def forward(request: web.Request, body: bytes | None, route: Route) -> web
     for index, replica in enumerate(attempts):
         if index:
             state.metrics.retries.labels(attempts[index - 1].url).inc()
-        state.metrics.routed.labels(replica.url).inc()
+        state.metrics.count_routed(replica.url)
         replica.in_flight += 1
         try:
             return await _attempt(request, state, replica, body)
@@ -136,22 +137,22 @@ async def _open(request: web.Request, state: RouterState, replica: Replica,
 async def _until_ejected(replica: Replica, opening: Coroutine[Any, Any, T]) -> T:
     """``opening``'s result, unless the replica is ejected first (a health check found it
     hung): then the request has sent nothing to the client yet and tries elsewhere."""
-    task = asyncio.ensure_future(opening)
-    ejected = asyncio.ensure_future(replica.ejected.wait())
+    task = asyncio.current_task()
+    assert task is not None
+    replica.waiting.add(task)
     try:
-        done, _ = await asyncio.wait((task, ejected), return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:  # the client left
-        task.cancel()
-        raise
+        return await opening
+    except asyncio.CancelledError:
+        if task not in replica.cut_off:
+            raise  # the client left
+        replica.cut_off.discard(task)
+        # The client may have left in the same moment: its cancellation still counts.
+        if sys.version_info >= (3, 11) and task.uncancel():
+            raise
+        raise _TryElsewhere(f"{replica.url} was ejected while the request waited on it"
+                            ) from None
     finally:
-        ejected.cancel()
-    if task in done:
-        return task.result()
-    task.cancel()
-    (outcome,) = await asyncio.gather(task, return_exceptions=True)
-    if isinstance(outcome, tuple):  # it finished just as the replica was ejected
-        return outcome  # type: ignore[return-value]
-    raise _TryElsewhere(f"{replica.url} was ejected while the request waited on it")
+        replica.waiting.discard(task)
 
 
 async def _refusal(state: RouterState, replica: Replica,
@@ -170,20 +171,31 @@ async def _refusal(state: RouterState, replica: Replica,
     return _TryElsewhere(f"{replica.url} answered {upstream.status}", answer)
 
 
+class _ProxiedStream(web.StreamResponse):
+    """A stream whose headers leave with its first chunk: one write, not two (aiohttp's own
+    ``web.Response`` buffers its headers the same way)."""
+
+    _send_headers_immediately = False
+
+
 async def _stream(request: web.Request, state: RouterState, replica: Replica,
                   upstream: aiohttp.ClientResponse, first: bytes) -> web.StreamResponse:
-    response = web.StreamResponse(status=upstream.status,
-                                  headers=_response_headers(upstream, replica))
+    response = _ProxiedStream(status=upstream.status,
+                              headers=_response_headers(upstream, replica))
     await response.prepare(request)
+    content = upstream.content
     chunk = first
     while chunk:
         try:
+            if content.at_eof():  # the last chunk: it and the stream's end in one write
+                await response.write_eof(chunk)
+                return response
             await response.write(chunk)
         except ConnectionResetError:
             upstream.close()  # the client left: closing the connection aborts the generation
             return response
         try:
-            chunk = await upstream.content.readany()
+            chunk = await content.readany()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             state.replicas.eject(replica, f"stream broke: {exc!r}")
             await _write_error_event(response, replica)

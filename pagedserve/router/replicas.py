@@ -11,6 +11,7 @@ import asyncio
 import logging
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -27,8 +28,12 @@ class Replica:
     in_flight: int = 0
     ejections: int = 0
     hints: LoadHints | None = None
-    # Set when the replica is ejected: requests still waiting for its first byte move on.
-    ejected: asyncio.Event = field(default_factory=asyncio.Event)
+    # Handlers waiting for this replica's first byte. Ejecting the replica cancels them and
+    # moves them to ``cut_off``, where the handler finds why it was cancelled and tries the
+    # next replica (a cancelled handler's own task, not a second task raced against an
+    # event: that cost a task and an ``asyncio.wait`` per request).
+    waiting: set[asyncio.Task[Any]] = field(default_factory=set)
+    cut_off: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def saturated(self, config: RouterConfig) -> bool:
         """Whether the replica's own hints say it cannot take more work now."""
@@ -60,13 +65,16 @@ class ReplicaSet:
             logger.warning("router: ejecting %s: %s", replica.url, reason)
             replica.ejections += 1
         replica.healthy = False
-        replica.ejected.set()
+        ejecting = asyncio.current_task()  # a request that failed here moves on by itself
+        for task in replica.waiting - {ejecting}:
+            replica.cut_off.add(task)
+            task.cancel()
+        replica.waiting.clear()
 
     def admit(self, replica: Replica) -> None:
         if not replica.healthy:
             logger.info("router: %s is healthy again", replica.url)
             replica.healthy = True
-            replica.ejected = asyncio.Event()
 
     def replace(self, urls: list[str]) -> bool:
         """Sets the replicas to ``urls`` (from DNS), keeping the state of those that stay."""

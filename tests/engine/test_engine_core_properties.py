@@ -45,17 +45,22 @@ class EngineCoreMachine(RuleBasedStateMachine):
         max_num_seqs=st.integers(1, 8),
         max_num_batched_tokens=st.integers(1, 16),
         watermark=st.sampled_from([0.0, 0.1]),
+        max_shared_prefill_tokens=st.sampled_from([None, 1, 3]),
+        tenant_linger_steps=st.sampled_from([0, 2]),
     )
     def setup(self, block_size: int, num_token_slots: int, num_cpu_blocks: int, policy: str,
               mode: str, max_num_seqs: int, max_num_batched_tokens: int,
-              watermark: float) -> None:
+              watermark: float, max_shared_prefill_tokens: int | None,
+              tenant_linger_steps: int) -> None:
         cache = CacheConfig(block_size=block_size, watermark=watermark,
                             enable_prefix_caching=policy == "paged+prefix-caching",
                             kv_allocation="contiguous" if policy == "contiguous" else "paged")
         config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                  max_num_batched_tokens=max_num_batched_tokens,
                                  max_model_len=MAX_MODEL_LEN, preemption_mode=mode,
-                                 max_waiting_requests=MAX_WAITING)
+                                 max_waiting_requests=MAX_WAITING,
+                                 max_shared_prefill_tokens=max_shared_prefill_tokens,
+                                 tenant_linger_steps=tenant_linger_steps)
         self.scheduler = Scheduler(config, cache, num_token_slots // block_size, num_cpu_blocks)
         self.runner = FakeRunner(self.scheduler)
         self.contiguous = policy == "contiguous"
@@ -64,15 +69,16 @@ class EngineCoreMachine(RuleBasedStateMachine):
 
     @rule(base=st.integers(0, 2), prefix_len=st.integers(0, 12),
           extra=st.lists(st.integers(0, 5), max_size=8), best_of=st.integers(1, 3),
-          max_tokens=st.integers(1, 6), salt=st.sampled_from([None, "tenant"]))
+          max_tokens=st.integers(1, 6), salt=st.sampled_from([None, "tenant"]),
+          tenant=st.sampled_from([None, "a", "b"]))
     def add_request(self, base: int, prefix_len: int, extra: list[int], best_of: int,
-                    max_tokens: int, salt: str | None) -> None:
+                    max_tokens: int, salt: str | None, tenant: str | None) -> None:
         prompt = BASES[base][:prefix_len] + extra or [7]
         self.num_requests += 1
         request_id = f"r{self.num_requests}"
         group = make_group(request_id, prompt, self.scheduler.new_seq_id(),
                            self.scheduler.block_manager.block_size, best_of=best_of,
-                           cache_salt=salt)
+                           cache_salt=salt, tenant=tenant)
         was_full = self.scheduler.num_waiting >= MAX_WAITING
         try:
             self.scheduler.add_seq_group(group)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+from pagedserve.router.config import RouterConfig
 from pagedserve.router.hash_ring import HashRing, load_bound
+from pagedserve.router.policies import PrefixAffinity
 from pagedserve.router.prefix_owners import PrefixOwners
+from pagedserve.router.replicas import ReplicaSet
 
 MEMBERS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
 KEYS = [f"prefix-{i}".encode() for i in range(400)]
@@ -51,3 +54,24 @@ def test_prefix_owners_count_and_forget_the_least_recent() -> None:
     assert (owners.owner(b"k2"), len(owners), owners.counts()) == (None, 3, {"a": 2, "b": 1})
     owners.assign(b"k1", "b")  # moved
     assert owners.counts() == {"a": 1, "b": 2}
+
+
+def place_eight_ring_skewed_prefixes(**overrides: float) -> dict[str, int]:
+    """Places 8 prefixes, 6 of whose ring homes are the first replica; the count per replica."""
+    urls = MEMBERS[:2]
+    ring = HashRing(urls)
+    on_first = [k for k in KEYS if next(ring.walk(k)) == urls[0]][:6]
+    on_second = [k for k in KEYS if next(ring.walk(k)) == urls[1]][:2]
+    config = RouterConfig(replicas=urls, **overrides)
+    policy, replicas = PrefixAffinity(config), ReplicaSet(config)
+    for key in on_first + on_second:
+        assert policy.route(replicas, key).affinity == "new"
+    return policy.owners.counts()
+
+
+def test_new_prefixes_split_evenly_by_default() -> None:
+    # The issue's bar: no replica above 60% of 8 equally popular prefixes (5 would be 62.5%).
+    assert place_eight_ring_skewed_prefixes() == {MEMBERS[0]: 4, MEMBERS[1]: 4}
+    # A looser bound lets the ring's choice win: 5 and 3, one replica caching more prefixes.
+    assert place_eight_ring_skewed_prefixes(prefix_load_factor=1.5) == {MEMBERS[0]: 5,
+                                                                        MEMBERS[1]: 3}

@@ -103,6 +103,10 @@ def test_cli() -> None:
         parse(["--replica-dns", "replicas.default.svc"])
     with pytest.raises(ValueError, match=r"load_factor must be at least 1\.0"):
         parse(["--replica", "http://a", "--load-factor", "0.5"])
+    assert parse(["--replica", "http://a"]).prefix_load_factor == 1.0
+    assert parse(["--replica", "http://a", "--prefix-load-factor", "1.5"]).prefix_load_factor == 1.5
+    with pytest.raises(ValueError, match=r"prefix_load_factor must be at least 1\.0"):
+        parse(["--replica", "http://a", "--prefix-load-factor", "0.9"])
 
 
 def test_the_router_imports_no_torch() -> None:

@@ -50,8 +50,8 @@ async def metric(http: aiohttp.ClientSession, router: Router, name: str) -> floa
 
 
 async def test_same_prefix_goes_to_the_same_replica(replicas, make_router, http) -> None:
-    # load_factor 1.0: no replica may own more than its even share of the prefixes.
-    router = await make_router([r.url for r in replicas], load_factor=1.0)
+    # By default no replica owns more than its even share of the prefixes.
+    router = await make_router([r.url for r in replicas])
     first = None
     for system in SYSTEMS:
         served = set()
@@ -142,6 +142,8 @@ async def test_a_hung_replica_is_ejected_and_its_waiting_request_retried(
     status, replica, body = await asyncio.wait_for(request, 10)
     assert (status, replica, body["replica"]) == (200, b.url, "b")
     assert await metric(http, router, f'pagedserve:router_retries_total{{replica="{a.url}"}}') == 1
+    hung = router.state.replicas.replicas[a.url]
+    assert (hung.waiting, hung.cut_off) == (set(), set())
 
 
 async def test_a_replica_answering_garbage_is_ejected(replicas, make_router, http) -> None:
@@ -203,6 +205,28 @@ async def test_a_client_disconnect_closes_the_upstream_stream(replicas, make_rou
         await asyncio.sleep(0.01)
     assert replica.in_flight == 0
     assert replica.healthy
+
+
+async def test_a_client_leaving_a_hung_replica_is_not_retried(replicas, make_router,
+                                                             http) -> None:
+    a, b = replicas
+    router = await make_router([a.url, b.url])
+    a.hang = True
+    request = asyncio.create_task(complete(http, router, prompts_homed_on(router, a.url)[0]))
+    while not a.requests:
+        await asyncio.sleep(0.01)
+    request.cancel()  # the client goes away before the replica's first byte
+    replica = router.state.replicas.replicas[a.url]
+    for _ in range(100):
+        if replica.in_flight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert (replica.in_flight, replica.waiting, replica.cut_off) == (0, set(), set())
+    assert replica.healthy and not b.requests
+    assert await metric(http, router, f'pagedserve:router_retries_total{{replica="{a.url}"}}') == 0
+    # Ejected later, it has no waiting request left to move.
+    router.state.replicas.eject(replica, "test")
+    assert replica.cut_off == set()
 
 
 async def test_headers_and_trace_context_reach_the_replica(replicas, make_router,

@@ -51,6 +51,8 @@ class EngineArgs:
     max_model_len: int | None = None
     preemption_mode: str = "auto"
     max_waiting_requests: int | None = None
+    max_shared_prefill_tokens: int | None = None
+    tenant_linger_steps: int = 0
     tensor_parallel_size: int = 1
     distributed_timeout: float = 120.0
     grammar_cache_size: int = 256
@@ -97,6 +99,8 @@ class EngineArgs:
             max_model_len=max_model_len,
             preemption_mode=self.preemption_mode,
             max_waiting_requests=self.max_waiting_requests,
+            max_shared_prefill_tokens=self.max_shared_prefill_tokens,
+            tenant_linger_steps=self.tenant_linger_steps,
         )
 
     @classmethod
@@ -185,6 +189,13 @@ class EngineArgs:
         g.add_argument("--max-waiting-requests", type=int, default=None,
                        help="waiting-queue limit; beyond it requests are refused (HTTP 429); "
                             "None: no limit")
+        g.add_argument("--max-shared-prefill-tokens", type=int, default=None,
+                       help="while requests of more than one tenant (API key) are live, most "
+                            "prompt tokens one step computes, split fairly between the tenants; "
+                            "None: --max-num-batched-tokens")
+        g.add_argument("--tenant-linger-steps", type=int, default=0,
+                       help="steps a tenant still counts as live after its last request "
+                            "finished (its next request then finds short steps)")
         g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                        help="split the model across this many ranks (processes: gloo on "
                             "CPU, NCCL with one GPU each on CUDA); see the README")

@@ -102,7 +102,10 @@ class SchedulerConfig:
     ``max_num_seqs`` bounds the sequences in the running batch, ``max_num_batched_tokens`` the
     tokens computed in one step (longer prompts are prefilled in chunks), ``max_model_len`` the
     tokens of one sequence. ``max_waiting_requests`` (None: unbounded) turns a full queue into
-    ``QueueFullError`` instead of unbounded latency.
+    ``QueueFullError`` instead of unbounded latency. ``max_shared_prefill_tokens`` (None:
+    unbounded) bounds a step's prompt tokens while more than one tenant has requests live, so
+    that one tenant's long prompts do not make every step long for the others; a tenant still
+    counts as live for ``tenant_linger_steps`` steps after its last request finished.
     """
 
     max_num_seqs: int = 256
@@ -110,6 +113,8 @@ class SchedulerConfig:
     max_model_len: int = 2048
     preemption_mode: PreemptionModeName = "auto"
     max_waiting_requests: int | None = None
+    max_shared_prefill_tokens: int | None = None
+    tenant_linger_steps: int = 0
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "at least 1")
@@ -120,3 +125,8 @@ class SchedulerConfig:
                  self.preemption_mode, f"one of {', '.join(PREEMPTION_MODES)}")
         _require(self.max_waiting_requests is None or self.max_waiting_requests >= 1,
                  "max_waiting_requests", self.max_waiting_requests, "None or at least 1")
+        _require(self.max_shared_prefill_tokens is None or self.max_shared_prefill_tokens >= 1,
+                 "max_shared_prefill_tokens", self.max_shared_prefill_tokens,
+                 "None or at least 1")
+        _require(self.tenant_linger_steps >= 0, "tenant_linger_steps", self.tenant_linger_steps,
+                 "at least 0")

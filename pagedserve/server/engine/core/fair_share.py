@@ -67,6 +67,9 @@ class WaitingOrder:
             self._lines.setdefault(seq_group.tenant, deque()).append(seq_group)
         shares._lift(list(self._lines))
 
+    def __bool__(self) -> bool:
+        return bool(self._lines)
+
     def next(self) -> SequenceGroup:
         """The request to admit next (the queue must not be empty)."""
         if len(self._lines) == 1:
@@ -81,3 +84,7 @@ class WaitingOrder:
         line.popleft()
         if not line:
             del self._lines[seq_group.tenant]
+
+    def drop_tenant(self, tenant: str | None) -> None:
+        """``tenant`` admits no more requests in this step (its prefill share is spent)."""
+        del self._lines[tenant]

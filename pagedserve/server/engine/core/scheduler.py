@@ -19,6 +19,7 @@ from pagedserve.server.engine.core.scheduler_stats import PreemptionStats, Sched
 from pagedserve.server.engine.core.scheduler_updates import StepUpdater
 from pagedserve.server.engine.core.scheduling_budget import SchedulingBudget
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
+from pagedserve.server.engine.core.step_shares import StepShares
 from pagedserve.server.errors import BlockAllocationError, InvalidRequestError, QueueFullError
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ class Scheduler:
     ``max_num_seqs`` sequences. A step that preempts admits nothing new. The queues are kept
     in arrival order, so a request preempted by recomputation goes back ahead of newer ones.
     Waiting requests are admitted fairly between tenants (``fair_share.py``), in arrival
-    order within one.
+    order within one; while several tenants have requests live, the step's prefill tokens
+    are split fairly between them too (``step_shares.py``).
 
     Sequence ids must be unique among live sequences; :meth:`new_seq_id` hands out ids that
     are, and :meth:`fork_seq` uses it. Applying a step's results (appending tokens, forks,
@@ -73,6 +75,8 @@ class Scheduler:
         # Work done between steps (forks, aborts) that the next SchedulerOutput reports.
         self._pending = SchedulerOutput()
         self._updater = StepUpdater(self, clock)
+        self._num_steps = 0
+        self._tenants_seen: dict[str | None, int] = {}  # the step each last had one finish
 
     # ------------------------------------------------------------------ requests
 
@@ -121,6 +125,7 @@ class Scheduler:
             if seq_group in queue:
                 queue.remove(seq_group)
         request_id = seq_group.request_id
+        self._tenants_seen[seq_group.tenant] = self._num_steps
         del self._groups[request_id]
         del self._arrival_order[request_id]
         for seq in seq_group.seqs:
@@ -133,13 +138,27 @@ class Scheduler:
         """The next step: which sequences compute how many tokens, and the block operations
         to do first. The caller runs it, then calls :meth:`update_from_output`."""
         output, self._pending = self._pending, SchedulerOutput()
-        budget = SchedulingBudget(self.config.max_num_batched_tokens)
+        self._num_steps += 1
+        budget = SchedulingBudget(self.config.max_num_batched_tokens, self._step_shares())
         self._schedule_running(output, budget)
         if not output.preempted:
             self._schedule_swapped(output, budget)
         if not output.preempted and not self.swapped:
             self._schedule_waiting(output, budget)
         return output
+
+    def _step_shares(self) -> StepShares | None:
+        # A tenant whose request just finished is likely to send its next one in a moment
+        # (a client that sends one request after another): it still counts as live for a
+        # few steps, so that the next one does not find a long step under way.
+        linger = self.config.tenant_linger_steps
+        self._tenants_seen = {tenant: step for tenant, step in self._tenants_seen.items()
+                              if self._num_steps - step <= linger}
+        return StepShares.of(
+            self.running, self.swapped, self.waiting, self._tenants_seen,
+            lambda group: self.block_manager.can_allocate(group) is AllocStatus.OK,
+            self.config.max_num_batched_tokens, self.config.max_shared_prefill_tokens,
+            self.tenant_shares.rank)
 
     def _schedule_running(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
         index = 0
@@ -188,7 +207,7 @@ class Scheduler:
             return
         num_seqs = self.num_running_seqs()
         order = self.tenant_shares.order(self.waiting, self._arrival_of)
-        while self.waiting:
+        while order:
             seq_group = order.next()
             width = seq_group.max_num_running_seqs()
             if num_seqs + width > self.config.max_num_seqs:
@@ -200,6 +219,9 @@ class Scheduler:
                 continue
             if status is AllocStatus.LATER or budget.tokens_left < seq_group.num_seqs(WAITING):
                 return
+            if not budget.admits(seq_group):
+                order.drop_tenant(seq_group.tenant)  # its share of the step is spent
+                continue
             order.remove(seq_group)
             self.waiting.remove(seq_group)
             self.block_manager.allocate(seq_group)
@@ -210,10 +232,10 @@ class Scheduler:
 
     def _schedule_group(self, seq_group: SequenceGroup, plan: list[tuple[Sequence, int]],
                         output: SchedulerOutput, budget: SchedulingBudget) -> None:
+        budget.spend(seq_group, sum(num_new_tokens for _, num_new_tokens in plan))
         for seq, num_new_tokens in plan:
             output.blocks_to_copy.extend(self.block_manager.append_slots(seq, num_new_tokens))
             output.scheduled.append(ScheduledSequence.of(seq, seq_group, num_new_tokens))
-            budget.spend(num_new_tokens)
         if plan and seq_group.metrics.first_scheduled_time is None:
             seq_group.metrics.first_scheduled_time = self._clock()
 
