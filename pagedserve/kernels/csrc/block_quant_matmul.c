@@ -63,13 +63,26 @@ static float round_f16(float d) {
     return out > 65504.0f ? 65504.0f : out;
 }
 
-/* Rounds half to even, as the vector units do (|v| <= 127 here). */
-static inline int32_t round_even(float v) {
-    const float shifted = v + 128.0f;
+/* Rounds half to even, as the vector units do; |v| < offset, a power of two, so v + offset is
+ * positive and truncation rounds it down. */
+static inline int32_t round_even(float v, float offset) {
+    const float shifted = v + offset;
     int32_t whole = (int32_t)shifted;
     const float frac = shifted - (float)whole;
     whole += frac > 0.5f || (frac == 0.5f && (whole & 1));
-    return whole - 128;
+    return whole - (int32_t)offset;
+}
+
+/* Block b of row x[0:k] into vals (zero past k); returns its largest magnitude. */
+static inline float load_block(const float *x, int64_t k, int64_t b, float vals[BLOCK]) {
+    float amax = 0.0f;
+    for (int j = 0; j < BLOCK; j++) {
+        const int64_t i = b * BLOCK + j;
+        vals[j] = i < k ? x[i] : 0.0f;
+        const float a = vals[j] < 0 ? -vals[j] : vals[j];
+        amax = a > amax ? a : amax;
+    }
+    return amax;
 }
 
 /* Row x[0:k] -> qa [k_pad] int8, da [blocks] the float16-rounded scales, sa [blocks]
@@ -78,17 +91,12 @@ static inline int32_t round_even(float v) {
 static void quantize_row(const float *x, int64_t k, int64_t k_pad, float factor, int8_t *qa,
                          float *da, float *sa) {
     for (int64_t b = 0; b < k_pad / BLOCK; b++) {
-        float vals[BLOCK], amax = 0.0f;
-        for (int j = 0; j < BLOCK; j++) {
-            const int64_t i = b * BLOCK + j;
-            vals[j] = i < k ? x[i] : 0.0f;
-            const float a = vals[j] < 0 ? -vals[j] : vals[j];
-            amax = a > amax ? a : amax;
-        }
+        float vals[BLOCK];
+        const float amax = load_block(x, k, b, vals);
         const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < BLOCK; j++) {
-            const int32_t q = round_even(vals[j] * inv);
+            const int32_t q = round_even(vals[j] * inv, 128.0f);
             sum += q;
             qa[b * BLOCK + j] = (int8_t)q;
         }
@@ -106,21 +114,12 @@ static void quantize_row(const float *x, int64_t k, int64_t k_pad, float factor,
 static void quantize_row16(const float *x, int64_t k, int64_t k_pad, float factor, int16_t *qa,
                            float *da, float *sa) {
     for (int64_t b = 0; b < k_pad / BLOCK; b++) {
-        float vals[BLOCK], amax = 0.0f;
-        for (int j = 0; j < BLOCK; j++) {
-            const int64_t i = b * BLOCK + j;
-            vals[j] = i < k ? x[i] : 0.0f;
-            const float a = vals[j] < 0 ? -vals[j] : vals[j];
-            amax = a > amax ? a : amax;
-        }
+        float vals[BLOCK];
+        const float amax = load_block(x, k, b, vals);
         const float d = amax / 32767.0f, inv = amax > 0 ? 32767.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < BLOCK; j++) {
-            const float v = vals[j] * inv + 32768.0f; /* positive: truncation rounds down */
-            int32_t q = (int32_t)v;
-            const float frac = v - (float)q;
-            q += frac > 0.5f || (frac == 0.5f && (q & 1));
-            q -= 32768;
+            int32_t q = round_even(vals[j] * inv, 32768.0f);
             q = q > 32767 ? 32767 : (q < -32767 ? -32767 : q);
             sum += q;
             qa[b * BLOCK + j] = (int16_t)q;
@@ -179,6 +178,15 @@ static inline int32_t load_i32(const int8_t *p) {
     return v;
 }
 
+/* acc + the block's integer dots times its weight and activation scales, plus its mins times
+ * the activation block's sum. */
+static inline __m512 add_block(__m512 acc, __m512i dot, __m512 sc, __m512 mn, const acts *xa,
+                               int64_t row) {
+    const __m512 scale = _mm512_mul_ps(sc, _mm512_set1_ps(xa->da[row]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+    return _mm512_fmadd_ps(mn, _mm512_set1_ps(xa->sa[row]), acc);
+}
+
 static inline __attribute__((always_inline)) void tile_vnni(const weights *wt, const acts *xa,
                                                             int64_t g, int64_t r0, const int nr,
                                                             float out[TILE_ROWS][GROUP]) {
@@ -209,12 +217,8 @@ static inline __attribute__((always_inline)) void tile_vnni(const weights *wt, c
         }
         const __m512 sc = _mm512_loadu_ps(wt->scales + (g * wt->blocks + b) * GROUP);
         const __m512 mn = _mm512_loadu_ps(wt->mins + (g * wt->blocks + b) * GROUP);
-        for (int r = 0; r < nr; r++) {
-            const int64_t row = (r0 + r) * xa->blocks + b;
-            const __m512 scale = _mm512_mul_ps(sc, _mm512_set1_ps(xa->da[row]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), scale, acc[r]);
-            acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xa->sa[row]), acc[r]);
-        }
+        for (int r = 0; r < nr; r++)
+            acc[r] = add_block(acc[r], dot[r], sc, mn, xa, (r0 + r) * xa->blocks + b);
     }
     for (int r = 0; r < nr; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
@@ -266,46 +270,33 @@ static inline __attribute__((always_inline)) void tile_vnni16(const weights *wt,
         const __m512 sc = _mm512_loadu_ps(wt->scales + (g * wt->blocks + b) * GROUP);
         const __m512 mn = _mm512_loadu_ps(wt->mins + (g * wt->blocks + b) * GROUP);
         for (int r = 0; r < nr; r++) {
-            const int64_t row = (r0 + r) * xa->blocks + b;
             const __m512i dot = _mm512_add_epi32(_mm512_permutex2var_epi32(lo[r], evens, hi[r]),
                                                  _mm512_permutex2var_epi32(lo[r], odds, hi[r]));
-            const __m512 scale = _mm512_mul_ps(sc, _mm512_set1_ps(xa->da[row]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
-            acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xa->sa[row]), acc[r]);
+            acc[r] = add_block(acc[r], dot, sc, mn, xa, (r0 + r) * xa->blocks + b);
         }
     }
     for (int r = 0; r < nr; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
 
-static void tile_simd16(const weights *wt, const acts *xa, int64_t g, int64_t r0, int nr,
-                        float out[TILE_ROWS][GROUP]) {
-    switch (nr) {
-    case 8: tile_vnni16(wt, xa, g, r0, 8, out); break;
-    case 7: tile_vnni16(wt, xa, g, r0, 7, out); break;
-    case 6: tile_vnni16(wt, xa, g, r0, 6, out); break;
-    case 5: tile_vnni16(wt, xa, g, r0, 5, out); break;
-    case 4: tile_vnni16(wt, xa, g, r0, 4, out); break;
-    case 3: tile_vnni16(wt, xa, g, r0, 3, out); break;
-    case 2: tile_vnni16(wt, xa, g, r0, 2, out); break;
-    default: tile_vnni16(wt, xa, g, r0, 1, out); break;
+/* Constant row counts, so that the accumulators stay in registers. */
+#define TILE_BY_ROWS(tile)                                                                      \
+    switch (nr) {                                                                               \
+    case 8: tile(wt, xa, g, r0, 8, out); break;                                                 \
+    case 7: tile(wt, xa, g, r0, 7, out); break;                                                 \
+    case 6: tile(wt, xa, g, r0, 6, out); break;                                                 \
+    case 5: tile(wt, xa, g, r0, 5, out); break;                                                 \
+    case 4: tile(wt, xa, g, r0, 4, out); break;                                                 \
+    case 3: tile(wt, xa, g, r0, 3, out); break;                                                 \
+    case 2: tile(wt, xa, g, r0, 2, out); break;                                                 \
+    default: tile(wt, xa, g, r0, 1, out); break;                                                \
     }
-}
 
 static void tile_simd(const weights *wt, const acts *xa, int64_t g, int64_t r0, int nr,
                       float out[TILE_ROWS][GROUP]) {
     if (xa->qa16) {
-        tile_simd16(wt, xa, g, r0, nr, out);
-        return;
-    }
-    switch (nr) { /* constant row counts, so that the accumulators stay in registers */
-    case 8: tile_vnni(wt, xa, g, r0, 8, out); break;
-    case 7: tile_vnni(wt, xa, g, r0, 7, out); break;
-    case 6: tile_vnni(wt, xa, g, r0, 6, out); break;
-    case 5: tile_vnni(wt, xa, g, r0, 5, out); break;
-    case 4: tile_vnni(wt, xa, g, r0, 4, out); break;
-    case 3: tile_vnni(wt, xa, g, r0, 3, out); break;
-    case 2: tile_vnni(wt, xa, g, r0, 2, out); break;
-    default: tile_vnni(wt, xa, g, r0, 1, out); break;
+        TILE_BY_ROWS(tile_vnni16)
+    } else {
+        TILE_BY_ROWS(tile_vnni)
     }
 }
 #endif
