@@ -1,19 +1,28 @@
 """Greedy agreement with llama.cpp on the same GGUF file: for each of N prompts (lines of the
 sonnets the load generator ships), how many leading tokens pagedserve's greedy continuation
 (``--quantization gguf`` by default, offline engine) shares with llama-server's (temperature 0,
-its default settings, one slot). llama.cpp's text is tokenized with the file's own tokenizer.
+its default settings, one slot). Both get the same prompt token ids (the file's tokenizer, as
+pagedserve's engine encodes the text) and both are compared by the token ids they generated
+(llama.cpp's ``/completion`` with ``return_tokens``), so that no tokenizer difference and no
+re-tokenization of text counts as disagreement. ``--compare text`` is the older measure: the
+prompt sent as text and llama.cpp's text re-tokenized.
 
     python -m benchmarks.quantized_agreement --llama-server PATH [--gguf FILE] [--prompts 50]
-        [--tokens 32] [--quantization gguf] [--dtype auto] [--threads N]
+        [--tokens 32] [--variants gguf,gguf:int16,none] [--dtype auto] [--threads N]
 
-Last line: JSON with the median and each prompt's count of leading tokens in common.
+The median of 50 prompts moves a lot with the draw of prompts (each count is 32 or stops at the
+first differing token): each line gives a 95% bootstrap interval of the median, and
+``--prompts 400`` narrows it. Last line: JSON with each variant's median, its interval and each
+prompt's count of leading tokens in common.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import random
 import statistics
 import tempfile
 import urllib.request
@@ -31,8 +40,17 @@ def prompts(count: int) -> list[str]:
     return [line for line in lines if len(line.split()) >= 5][:count]
 
 
-def llama_greedy(binary: Path, model: Path, texts: list[str], tokens: int, threads: int,
-                 work: Path) -> list[str]:
+def _post(url: str, payload: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(payload).encode(),
+                                     {"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())
+
+
+def llama_greedy(binary: Path, model: Path, prompts_: list[str] | list[list[int]], tokens: int,
+                 threads: int, work: Path) -> list[str] | list[list[int]]:
+    """llama.cpp's greedy continuation of each prompt: its text for a text prompt, its token
+    ids for a prompt of token ids."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = Server("llama_cpp", [str(binary), "-m", str(model), "--host", "127.0.0.1",
@@ -42,16 +60,64 @@ def llama_greedy(binary: Path, model: Path, texts: list[str], tokens: int, threa
     try:
         wait_ready(base, proc, 300)
         out = []
-        for text in texts:
-            body = json.dumps({"prompt": text, "max_tokens": tokens, "temperature": 0,
-                               "ignore_eos": True}).encode()
-            request = urllib.request.Request(base + "/v1/completions", body,
-                                             {"content-type": "application/json"})
-            with urllib.request.urlopen(request, timeout=300) as response:
-                out.append(json.loads(response.read())["choices"][0]["text"])
+        for prompt in prompts_:
+            if isinstance(prompt, str):
+                body = _post(base + "/v1/completions", {
+                    "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                    "ignore_eos": True})
+                out.append(body["choices"][0]["text"])
+            else:
+                body = _post(base + "/completion", {
+                    "prompt": prompt, "n_predict": tokens, "temperature": 0,
+                    "ignore_eos": True, "return_tokens": True, "cache_prompt": False})
+                out.append(body["tokens"])
         return out
     finally:
         stop(proc)
+
+
+def leading_common(mine: list[int], other: list[int]) -> int:
+    same = 0
+    while same < min(len(mine), len(other)) and mine[same] == other[same]:
+        same += 1
+    return same
+
+
+def median_interval(counts: list[int], draws: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """A 95% bootstrap interval of the median: how far another draw of prompts could move it."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(counts, k=len(counts)))
+                     for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
+@contextlib.contextmanager
+def activations(bits: str | None):
+    """The block-quant kernel's activation rounding for one variant (None: as configured)."""
+    from pagedserve.kernels.cpu_block_quant import ACTIVATIONS_ENV
+
+    before = os.environ.get(ACTIVATIONS_ENV)
+    if bits is not None:
+        os.environ[ACTIVATIONS_ENV] = bits
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ACTIVATIONS_ENV, None)
+        else:
+            os.environ[ACTIVATIONS_ENV] = before
+
+
+def ours_greedy(model: Path, variant: str, args: argparse.Namespace,
+                prompts_: list[str]) -> list[list[int]]:
+    from pagedserve.server import LLM, SamplingParams
+
+    quantization, _, bits = variant.partition(":")
+    with activations(bits or None):
+        llm = LLM(str(model), quantization=quantization, dtype=args.dtype,
+                  cpu_threads=args.threads, max_model_len=512)
+        params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts_, params)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,36 +126,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", default=None, help="default: SmolLM2-135M-Instruct Q4_1")
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--quantization", default="gguf")
+    parser.add_argument("--variants", default="gguf",
+                        help="comma-separated --quantization values, each optionally with the "
+                             "block-quant kernel's activations: gguf,gguf:int16,none")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--compare", choices=("ids", "text"), default="ids")
     parser.add_argument("--work-dir", default=str(Path(tempfile.gettempdir()) / "agreement"))
     args = parser.parse_args(argv)
-    from pagedserve.server import LLM, SamplingParams
     from pagedserve.server.models.model_path import resolve_model
+    from pagedserve.server.tokenizer import load_tokenizer
 
     model = resolve_model(args.gguf or "smollm2")
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     texts = prompts(args.prompts)
-    theirs = llama_greedy(Path(args.llama_server), model, texts, args.tokens, args.threads, work)
-    llm = LLM(str(model), quantization=args.quantization, dtype=args.dtype,
-              cpu_threads=args.threads, max_model_len=512)
-    params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
-    ours = [o.outputs[0].token_ids for o in llm.generate(texts, params)]
-    tokenizer = llm.engine.tokenizer
-    common = []
-    for mine, text in zip(ours, theirs, strict=True):
-        other = tokenizer.encode(text, add_special_tokens=False)
-        same = 0
-        while same < min(len(mine), len(other)) and mine[same] == other[same]:
-            same += 1
-        common.append(same)
-    median = statistics.median(common)
-    print(f"{len(texts)} prompts, {args.tokens} tokens each: median {median} leading tokens in "
-          f"common with llama.cpp ({sum(c == args.tokens for c in common)} identical)")
-    print(json.dumps({"median_common_tokens": median, "common_tokens": common,
-                      "quantization": args.quantization, "dtype": args.dtype}))
+    tokenizer = load_tokenizer(str(model))
+    sent = [tokenizer.encode(t) for t in texts] if args.compare == "ids" else texts
+    theirs = llama_greedy(Path(args.llama_server), model, sent, args.tokens, args.threads, work)
+    if args.compare == "text":
+        theirs = [tokenizer.encode(t, add_special_tokens=False) for t in theirs]
+    results = {}
+    for variant in args.variants.split(","):
+        ours = ours_greedy(model, variant, args, texts)
+        common = [leading_common(a, b) for a, b in zip(ours, theirs, strict=True)]
+        median, (low, high) = statistics.median(common), median_interval(common)
+        print(f"{variant} ({args.dtype}): {len(texts)} prompts, {args.tokens} tokens each: median "
+              f"{median} leading tokens in common with llama.cpp (95% interval {low}-{high}; "
+              f"mean {statistics.mean(common):.1f}; {sum(c == args.tokens for c in common)} "
+              "identical)", flush=True)
+        results[variant] = {"median_common_tokens": median, "median_interval": [low, high],
+                            "common_tokens": common}
+    print(json.dumps({"dtype": args.dtype, "compare": args.compare, "variants": results}))
     return 0
 
 
