@@ -40,8 +40,9 @@ class Scheduler:
     ``max_num_seqs`` sequences. A step that preempts admits nothing new. The queues are kept
     in arrival order, so a request preempted by recomputation goes back ahead of newer ones.
     Waiting requests are admitted fairly between tenants (``fair_share.py``), in arrival
-    order within one; while several tenants have requests live, the step's prefill tokens
-    are split fairly between them too (``step_shares.py``).
+    order within one; while several tenants are live, the step's prefill tokens are bounded
+    and go to the tenant served least lately first (``step_shares.py``,
+    ``tenant_activity.py``).
 
     Sequence ids must be unique among live sequences; :meth:`new_seq_id` hands out ids that
     are, and :meth:`fork_seq` uses it. Applying a step's results (appending tokens, forks,
