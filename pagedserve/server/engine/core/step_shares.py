@@ -72,7 +72,7 @@ class StepShares:
            served: Callable[[Tenant], float],
            rank: Callable[[Tenant], tuple[int, int]]) -> StepShares | None:
         """The allowances for a step over the running, swapped and waiting requests, or None
-        when one tenant (or none) has requests live. The ``lingering`` tenants (whose last
+        when one tenant (or none) is live. The ``lingering`` tenants (whose last
         request finished a moment ago) count as live, with nothing to prefill. ``served``
         is a tenant's recent prefill service; ties go to the smaller demand, then to the lower
         ``rank`` (admission's order).
@@ -111,8 +111,8 @@ class StepShares:
 
 def least_served_first(order: list[Tenant], demand: dict[Tenant, int],
                        width: dict[Tenant, int], pool: int) -> dict[Tenant, int]:
-    """Grants of ``pool`` tokens to the tenants in ``order`` (first first), each taking what it
-    needs (``demand``) of what is left. Each gets at least ``width`` tokens: a request's
+    """Grants of ``pool`` tokens: the tenants in ``order``, one after another, each take what
+    they need (``demand``) of what is left. Each gets at least ``width`` tokens: a request's
     sequences advance together, a token each at least, and a smaller grant could hold every
     tenant's prefills back for ever (the first one's request may be unable to start)."""
     grants: dict[Tenant, int] = {}
