@@ -43,11 +43,12 @@ def test_a_newly_arrived_tenants_prompt_goes_first_in_a_short_step() -> None:
     assert huge_beside_small(scheduler, "huge", "small") == [
         [("h0", 16)],             # one tenant live: the whole step, as before
         # Two tenants with prompts: 4 tokens each, 8 in all. The small tenant, served least
-        # lately, takes its whole prompt first; the huge one what is left.
-        [("h0", 2), ("s0", 6)],
+        # lately, takes its whole prompt first; the huge one what it leaves of 8 - 4 (none:
+        # a token, so that it moves on).
+        [("h0", 1), ("s0", 6)],
         [("h0", 4), ("s0", 1)],   # s0 decodes; one tenant prefills: 4 tokens
         [("h0", 16)],             # s0 finished, no lingering: one tenant, unbounded again
-        [("h0", 2), ("h1", 14)],
+        [("h0", 3), ("h1", 13)],
         [("h1", 16)],
     ]
 
@@ -72,13 +73,15 @@ def test_two_backlogged_tenants_take_turns() -> None:
     add(scheduler, "a0", 40, tenant="A")
     add(scheduler, "b0", 40, tenant="B")
     # 16 tokens a step; the tenant served less lately takes them, the other a token. Whichever
-    # is served becomes the one served more, so the two alternate; the last step fits both.
-    assert steps(runner, 5) == [
+    # is served becomes the one served more, so the two alternate. At the end A needs 6: B
+    # gets what A leaves of 16 - 8.
+    assert steps(runner, 6) == [
         [("a0", 16), ("b0", 1)],
         [("a0", 1), ("b0", 16)],
         [("a0", 16), ("b0", 1)],
         [("a0", 1), ("b0", 16)],
-        [("a0", 6), ("b0", 6)],
+        [("a0", 6), ("b0", 2)],
+        [("b0", 4)],
     ]
     assert not scheduler.has_unfinished_requests()
 
@@ -91,7 +94,8 @@ def test_an_older_prefill_does_not_hold_back_another_tenants_request() -> None:
         add(scheduler, "d0", 2, tenant=second)
         return steps(runner, 3)
 
-    # d0's prompt, then its decodes (outside the prefill pool), go beside h0's chunks.
+    # No bound (8 a tenant, the whole step): d0's prompt, then its decodes (outside the
+    # prefill pool), go beside h0's chunks.
     assert schedule("A", "B") == [[("h0", 6), ("d0", 2)], [("h0", 7), ("d0", 1)],
                                   [("h0", 7), ("d0", 1)]]
     # One tenant: d0 waits for h0's whole prompt.
@@ -105,9 +109,9 @@ def test_a_tenant_with_many_requests_does_not_starve_one_with_few() -> None:
     for i in range(8):
         add(scheduler, f"a{i}", 10, tenant="A")
     add(scheduler, "b0", 20, tenant="B")
-    # B's one prompt (the smaller demand) goes first; then A, served less lately, takes the
-    # step but for B's token; then B again, and its prompt is done in three steps while A's
-    # eight, in arrival order, take seven. With B gone A has the steps to itself.
+    # No bound. B's one prompt (the smaller demand) goes first; then A, served less lately,
+    # takes the step but for B's token; then B again, and its prompt is done in three steps
+    # while A's eight, in arrival order, take seven. With B gone A has the steps to itself.
     assert steps(runner, 4) == [
         [("a0", 1), ("b0", 11)],
         [("a0", 9), ("b0", 1), ("a1", 2)],
@@ -151,20 +155,27 @@ def test_a_tenant_lingers_for_some_seconds_after_its_last_request() -> None:
     add(scheduler, "s1", 3, tenant="small")
     schedule += steps(runner, 2)
     assert schedule == [
-        [("h0", 6), ("s0", 2)],   # 8 tokens for two tenants, the smaller demand first
+        [("h0", 2), ("s0", 2)],   # 8 for two tenants: the smaller demand first, 8 - 4 left
         [("h0", 4)],              # the small tenant lingers: 4 tokens a step
         [("h0", 4)],
         [("h0", 16)],             # a second after its last request: no longer live
-        [("h0", 5), ("s1", 3)],   # its next one: two tenants again, s1's prompt first
+        [("h0", 1), ("s1", 3)],   # its next one: two tenants again, s1's prompt first
         [("h0", 4)],
     ]
 
 
 def test_least_served_first_meets_demands_in_order_and_keeps_a_token_a_sequence() -> None:
     demand, width = {"a": 100, "b": 3, "c": 100}, {"a": 1, "b": 1, "c": 2}
-    assert least_served_first(["b", "a", "c"], demand, width, 20) == {"b": 3, "a": 17, "c": 2}
-    assert least_served_first(["a", "b", "c"], demand, width, 20) == {"a": 20, "b": 1, "c": 2}
-    assert least_served_first(["c", "a", "b"], demand, width, 0) == {"c": 2, "a": 1, "b": 1}
+    assert least_served_first(["b", "a", "c"], demand, width, 20, 20) == {
+        "b": 3, "a": 17, "c": 2}
+    assert least_served_first(["a", "b", "c"], demand, width, 20, 20) == {
+        "a": 20, "b": 1, "c": 2}
+    assert least_served_first(["c", "a", "b"], demand, width, 0, 0) == {"c": 2, "a": 1, "b": 1}
+    # The others share what the first leaves of 10.
+    assert least_served_first(["b", "a", "c"], demand, width, 20, 10) == {
+        "b": 3, "a": 7, "c": 2}
+    assert least_served_first(["a", "b", "c"], demand, width, 20, 10) == {
+        "a": 20, "b": 1, "c": 2}
 
 
 def scheduled(tenant: str | None, prompt_len: int, computed: int, new: int) -> ScheduledSequence:

@@ -7,13 +7,16 @@ for the next one. While more than one tenant is live (has requests in the queues
 finish a moment ago: ``tenant_activity.py``), each step therefore:
 
 - keeps a token for every running sequence that decodes (decodes are never held back);
-- bounds the rest, the prefill pool, to ``max_shared_prefill_tokens`` for each tenant with
-  prompt tokens to compute, so that one tenant's huge prompts cannot make every step long
-  for the others (the step's length is what a decoding or newly arrived request waits for);
-- hands the pool out by recent service: the tenant served least lately takes all it needs
-  first, then the next; so a tenant that arrives beside another's backlog has its prompt
-  computed at once, in a step with little else in it, and two backlogged tenants take turns
-  (the one served becomes the one served more). Ties go to the smaller demand.
+- hands the rest, the prefill pool, out by recent service: the tenant served least lately
+  takes all it needs first, then the others in turn;
+- bounds the pool, with N = ``max_shared_prefill_tokens`` and k tenants with prompt tokens
+  to compute: the first may take up to k·N, and the step computes at most (k - 1)·N or what
+  the first took, whichever is more. One tenant's huge prompts then cannot make every step
+  long for the others (the step's length is what a decoding or newly arrived request waits
+  for): a tenant that arrives beside another's backlog has its prompt computed at once, in a
+  step with little else in it (two tenants: the other gets what the prompt leaves of N), and
+  two backlogged tenants take turns (the one served becomes the one served more). Ties go to
+  the smaller demand.
 - gives each tenant with prompt tokens at least a token for each sequence of its widest such
   request, so that every tenant's prefills move on however small the pool.
 
@@ -96,11 +99,12 @@ class StepShares:
                 width[group.tenant] = max(width.get(group.tenant, 0), _num_unfinished(group))
         decodes = sum(group.num_seqs(SequenceStatus.RUNNING) for group in running
                       if not is_prefilling(group))
-        pool = max(0, max_num_batched_tokens - decodes)
+        pool = rest = max(0, max_num_batched_tokens - decodes)
         if max_shared_prefill_tokens is not None:
             pool = min(pool, max_shared_prefill_tokens * max(1, len(demand)))
+            rest = min(rest, max_shared_prefill_tokens * (len(demand) - 1))
         order = sorted(demand, key=lambda tenant: (served(tenant), demand[tenant], *rank(tenant)))
-        return cls(least_served_first(order, demand, width, pool))
+        return cls(least_served_first(order, demand, width, pool, rest))
 
     def left(self, tenant: Tenant) -> int:
         return self.allowance.get(tenant, 0)
@@ -110,14 +114,15 @@ class StepShares:
 
 
 def least_served_first(order: list[Tenant], demand: dict[Tenant, int],
-                       width: dict[Tenant, int], pool: int) -> dict[Tenant, int]:
-    """Grants of ``pool`` tokens: the tenants in ``order``, one after another, each take what
-    they need (``demand``) of what is left. Each gets at least ``width`` tokens: a request's
-    sequences advance together, a token each at least, and a smaller grant could hold every
-    tenant's prefills back for ever (the first one's request may be unable to start)."""
+                       width: dict[Tenant, int], pool: int, rest: int) -> dict[Tenant, int]:
+    """Grants: the tenants in ``order``, one after another, each take what they need
+    (``demand``) of what is left: ``pool`` tokens for the first, then what it leaves of
+    ``rest``. Each gets at least ``width`` tokens: a request's sequences advance together, a
+    token each at least, and a smaller grant could hold every tenant's prefills back for ever
+    (the first one's request may be unable to start)."""
     grants: dict[Tenant, int] = {}
     left = pool
-    for tenant in order:
+    for index, tenant in enumerate(order):
         grants[tenant] = max(min(demand[tenant], left), width[tenant])
-        left = max(0, left - grants[tenant])
+        left = max(0, (rest if index == 0 else left) - grants[tenant])
     return grants
