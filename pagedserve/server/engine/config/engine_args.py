@@ -190,13 +190,13 @@ class EngineArgs:
         g.add_argument("--max-waiting-requests", type=int, default=None,
                        help="waiting-queue limit; beyond it requests are refused (HTTP 429); "
                             "None: no limit")
-        g.add_argument("--max-shared-prefill-tokens", type=int, default=None,
-                       help="while more than one tenant (API key, or client address) is live, "
-                            "most prompt tokens one step computes per tenant with prompts to "
-                            "compute, the tenant served least lately first; default: a "
-                            "sixteenth of --max-num-batched-tokens (set it to that to turn "
-                            "the bound off)")
-        g.add_argument("--tenant-linger-seconds", type=float,
+        g.add_argument("--max-shared-prefill-tokens", type=int, default=None, metavar="N",
+                       help="while more than one tenant (API key, or client address) is "
+                            "live, the tenant served least lately may take up to N prompt "
+                            "tokens a step for each of the k tenants with prompts, and a step "
+                            "computes at most (k-1)*N or what it took; default: a sixteenth of "
+                            "--max-num-batched-tokens (set it to that to turn the bound off)")
+        g.add_argument("--tenant-linger-seconds", type=float, metavar="SECONDS",
                        default=DEFAULT_TENANT_LINGER_SECONDS,
                        help="seconds a tenant still counts as live after its last request "
                             "finished, so that its next request finds short steps (0: only "

@@ -13,10 +13,10 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # without starving the weights. On CUDA the engine sizes the cache from gpu_memory_utilization
 # instead (engine/worker/gpu_memory.py).
 DEFAULT_KV_CACHE_MEMORY = 1 * GiB
-# While more than one tenant is live, a step computes at most max_num_batched_tokens divided by
-# this for each tenant with prompts to compute (unless max_shared_prefill_tokens says), and a
-# tenant counts as live for this many seconds after its last request finished. Both chosen
-# from docs/benchmarks.md, "Fairness between tenants".
+# While more than one tenant is live, a step's prompt tokens are bounded by
+# max_num_batched_tokens divided by this a tenant with prompts (unless max_shared_prefill_tokens
+# says), and a tenant counts as live for this many seconds after its last request finished.
+# Both chosen from docs/benchmarks.md, "Fairness between tenants".
 SHARED_PREFILL_FRACTION = 16
 DEFAULT_TENANT_LINGER_SECONDS = 5.0
 
@@ -109,11 +109,11 @@ class SchedulerConfig:
     tokens computed in one step (longer prompts are prefilled in chunks), ``max_model_len`` the
     tokens of one sequence. ``max_waiting_requests`` (None: unbounded) turns a full queue into
     ``QueueFullError`` instead of unbounded latency. While more than one tenant is live, a
-    step computes at most ``max_shared_prefill_tokens`` prompt tokens (None: a sixteenth of
-    ``max_num_batched_tokens``) for each tenant with prompts to compute, so that one tenant's
-    long prompts do not make every step long for the others; a tenant still counts as live
-    for ``tenant_linger_seconds`` after its last request finished (``step_shares.py``,
-    ``tenant_activity.py``).
+    step's prompt tokens are bounded by ``max_shared_prefill_tokens`` (None: a sixteenth of
+    ``max_num_batched_tokens``) a tenant with prompts to compute, so that one tenant's long
+    prompts do not make every step long for the others; a tenant still counts as live for
+    ``tenant_linger_seconds`` after its last request finished (``step_shares.py`` has the
+    rule, ``tenant_activity.py`` the liveness).
     """
 
     max_num_seqs: int = 256
