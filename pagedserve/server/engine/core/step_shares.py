@@ -11,7 +11,8 @@ finish a moment ago: ``tenant_activity.py``), each step therefore:
   takes all it needs first, then the others in turn;
 - bounds the pool, with N = ``max_shared_prefill_tokens`` and k tenants with prompt tokens
   to compute: the first may take up to k·N, and the step computes at most (k - 1)·N or what
-  the first took, whichever is more. One tenant's huge prompts then cannot make every step
+  the first took, whichever is more (one tenant with prompts beside others that only decode
+  or linger: N). One tenant's huge prompts then cannot make every step
   long for the others (the step's length is what a decoding or newly arrived request waits
   for): a tenant that arrives beside another's backlog has its prompt computed at once, in a
   step with little else in it (two tenants: the other gets what the prompt leaves of N), and
