@@ -17,6 +17,8 @@ phases. It prints each phase's p50/p99 TTFT and the ratios to solo; the last lin
 
     python -m benchmarks.fairness [--quick] [--small-requests 40] [--idle-connections 300]
         [--phases fair one_tenant] [--server-flags '--max-shared-prefill-tokens 64']
+
+``--quick`` sets only what is not given: ``--quick --small-requests 40`` sends 40.
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ async def probe_health(url: str, interval: float, statuses: list[int]) -> None:
 
 
 async def loaded_phase(url: str, port: int, huge_key: str, args: argparse.Namespace,
-                       statuses: list[int]) -> tuple[list[float], int]:
+                       statuses: list[int]) -> tuple[list[float], int, float]:
     huge_done = [0]
     background = [
         asyncio.ensure_future(huge_tenant(url, huge_key, args.huge_prompts, args.huge_words,
@@ -154,20 +156,23 @@ async def loaded_phase(url: str, port: int, huge_key: str, args: argparse.Namesp
         asyncio.ensure_future(probe_health(url, args.probe_interval, statuses)),
     ]
     await asyncio.sleep(args.warmup)  # let the huge requests fill the engine first
+    start = time.perf_counter()
     try:
         ttfts = await small_tenant(url, KEYS["small"], args.small_requests)
     finally:
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-    return ttfts, huge_done[0]
+    return ttfts, huge_done[0], time.perf_counter() - start
 
 
 def summary(ttfts: list[float]) -> dict[str, float]:
     ordered = sorted(ttfts)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return {"p50_ms": round(statistics.median(ordered) * 1000, 1),
-            "p99_ms": round(p99 * 1000, 1)}
+            "p99_ms": round(p99 * 1000, 1),
+            "slowest_ms": [round(ttft * 1000, 1) for ttft in ordered[-3:][::-1]],
+            "slowest_at": sorted(ttfts.index(ttft) for ttft in ordered[-3:])}
 
 
 def start_server(extra_flags: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -184,9 +189,10 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
         if name not in args.phases:
             continue
         statuses: list[int] = []
-        ttfts, huge_done = await loaded_phase(url, port, huge_key, args, statuses)
+        ttfts, huge_done, seconds = await loaded_phase(url, port, huge_key, args, statuses)
         loaded = summary(ttfts)
         phases[name] = {**loaded, "huge_requests_done": huge_done,
+                        "small_phase_s": round(seconds, 2),
                         "p99_vs_solo": round(loaded["p99_ms"] / phases["solo"]["p99_ms"], 2),
                         "health_probes": len(statuses),
                         "health_probes_ok": sum(s == 200 for s in statuses)}
@@ -195,12 +201,14 @@ async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, smaller requests")
-    parser.add_argument("--small-requests", type=int, default=40)
-    parser.add_argument("--huge-prompts", type=int, default=64)
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer, smaller requests (10 small ones, 16 prompts, 100 idle "
+                             "connections) where not given")
+    parser.add_argument("--small-requests", type=int, default=None, help="default 40")
+    parser.add_argument("--huge-prompts", type=int, default=None, help="default 64")
     parser.add_argument("--huge-words", type=int, default=400)
     parser.add_argument("--huge-in-flight", type=int, default=2)
-    parser.add_argument("--idle-connections", type=int, default=300)
+    parser.add_argument("--idle-connections", type=int, default=None, help="default 300")
     parser.add_argument("--probe-interval", type=float, default=0.2)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--phases", nargs="+", choices=("fair", "one_tenant"),
@@ -209,8 +217,11 @@ def main() -> int:
     parser.add_argument("--server-flags", default="",
                         help="more flags for the server, e.g. '--max-shared-prefill-tokens 64'")
     args = parser.parse_args()
-    if args.quick:
-        args.small_requests, args.huge_prompts, args.idle_connections = 10, 16, 100
+    defaults = (10, 16, 100) if args.quick else (40, 64, 300)
+    for name, default in zip(("small_requests", "huge_prompts", "idle_connections"), defaults,
+                             strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     process, url = start_server(shlex.split(args.server_flags))
     try:
         phases = asyncio.run(run(url, args))

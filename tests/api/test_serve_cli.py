@@ -45,6 +45,18 @@ def test_flags_map_to_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (engine.enable_prefix_caching, engine.block_size) == (True, 32)
 
 
+def test_tenant_flags_reach_the_scheduler_config() -> None:
+    engine = serve.config_from_args(parse([
+        "--max-num-batched-tokens", "256", "--max-shared-prefill-tokens", "24",
+        "--tenant-linger-seconds", "0.5"])).engine_args
+    config = engine.scheduler_config(max_model_len=256)
+    assert (config.max_shared_prefill_tokens, config.tenant_linger_seconds) == (24, 0.5)
+    default = serve.config_from_args(parse(["--max-num-batched-tokens", "256"])).engine_args
+    assert default.scheduler_config(max_model_len=256).max_shared_prefill_tokens == 16
+    with pytest.raises(SystemExit):
+        parse(["--tenant-linger-steps", "4"])  # replaced by --tenant-linger-seconds
+
+
 def test_limit_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     config = serve.config_from_args(parse([
         "--max-prompts-per-request", "8", "--max-completions-per-request", "16",

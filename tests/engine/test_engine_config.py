@@ -37,6 +37,9 @@ def test_cache_config_rejects(kwargs: dict, message: str) -> None:
     ({"preemption_mode": "drop"},
      "preemption_mode must be one of auto, recompute, swap, got 'drop'"),
     ({"max_waiting_requests": 0}, "max_waiting_requests must be None or at least 1, got 0"),
+    ({"max_shared_prefill_tokens": 0},
+     "max_shared_prefill_tokens must be None or at least 1, got 0"),
+    ({"tenant_linger_seconds": -0.5}, "tenant_linger_seconds must be at least 0, got -0.5"),
 ])
 def test_scheduler_config_rejects(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:
@@ -48,6 +51,13 @@ def test_batched_tokens_may_be_below_max_model_len() -> None:
     # Chunked prefill computes longer prompts over several steps.
     config = SchedulerConfig(max_num_batched_tokens=16, max_model_len=4096)
     assert (config.max_num_batched_tokens, config.max_model_len) == (16, 4096)
+
+
+def test_shared_steps_default_to_a_sixteenth_of_a_step_per_tenant() -> None:
+    assert SchedulerConfig(max_num_batched_tokens=512).max_shared_prefill_tokens == 32
+    assert SchedulerConfig(max_num_batched_tokens=8).max_shared_prefill_tokens == 1
+    assert SchedulerConfig(max_shared_prefill_tokens=100).max_shared_prefill_tokens == 100
+    assert SchedulerConfig().tenant_linger_seconds == 5.0
 
 
 def test_num_kv_blocks_wins() -> None:

@@ -46,12 +46,12 @@ class EngineCoreMachine(RuleBasedStateMachine):
         max_num_batched_tokens=st.integers(1, 16),
         watermark=st.sampled_from([0.0, 0.1]),
         max_shared_prefill_tokens=st.sampled_from([None, 1, 3]),
-        tenant_linger_steps=st.sampled_from([0, 2]),
+        tenant_linger_seconds=st.sampled_from([0.0, 60.0]),
     )
     def setup(self, block_size: int, num_token_slots: int, num_cpu_blocks: int, policy: str,
               mode: str, max_num_seqs: int, max_num_batched_tokens: int,
               watermark: float, max_shared_prefill_tokens: int | None,
-              tenant_linger_steps: int) -> None:
+              tenant_linger_seconds: float) -> None:
         cache = CacheConfig(block_size=block_size, watermark=watermark,
                             enable_prefix_caching=policy == "paged+prefix-caching",
                             kv_allocation="contiguous" if policy == "contiguous" else "paged")
@@ -60,7 +60,7 @@ class EngineCoreMachine(RuleBasedStateMachine):
                                  max_model_len=MAX_MODEL_LEN, preemption_mode=mode,
                                  max_waiting_requests=MAX_WAITING,
                                  max_shared_prefill_tokens=max_shared_prefill_tokens,
-                                 tenant_linger_steps=tenant_linger_steps)
+                                 tenant_linger_seconds=tenant_linger_seconds)
         self.scheduler = Scheduler(config, cache, num_token_slots // block_size, num_cpu_blocks)
         self.runner = FakeRunner(self.scheduler)
         self.contiguous = policy == "contiguous"

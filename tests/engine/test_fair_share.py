@@ -36,7 +36,9 @@ def test_tenants_take_turns() -> None:
 
 
 def test_turns_are_weighted_by_prompt_tokens() -> None:
-    scheduler = make_scheduler(max_num_seqs=8, max_num_batched_tokens=64)
+    # The whole queue fits one step (no bound on shared steps): only the admission order shows.
+    scheduler = make_scheduler(max_num_seqs=8, max_num_batched_tokens=64,
+                               max_shared_prefill_tokens=64)
     add(scheduler, "a0", 12, tenant="A")
     add(scheduler, "a1", 12, tenant="A")
     for request_id in ("b0", "b1", "b2", "b3"):

@@ -1,7 +1,8 @@
 """The engine's tokens do not depend on how a step's prefill is split between tenants: the
 same greedy, parallel-sample and beam-search requests (with prefix caching, and preemption by
 recomputation and swapping from a small device pool) give the same outputs under one tenant
-(first come, first served) and under three (fair shares, a bound on shared steps)."""
+(first come, first served) and under three (steps shared by recent service, a bound on
+shared steps, tenants lingering or not)."""
 
 from __future__ import annotations
 
@@ -38,12 +39,13 @@ REQUESTS = [  # request id, tenant when split, prompt, params
 ]
 
 
-def run(model_dir: Path, split: bool, mode: str) -> tuple[dict[str, list[list[int]]], int]:
+def run(model_dir: Path, split: bool, mode: str, bound: int | None = None,
+        linger: float = 5.0) -> tuple[dict[str, list[list[int]]], int]:
     engine = LLMEngine(EngineArgs(
         model=str(model_dir), dtype="float32", kernel_backend="torch", skip_tokenizer_init=True,
         num_kv_blocks=24, block_size=4, max_num_batched_tokens=24, max_num_seqs=6,
         enable_prefix_caching=True, preemption_mode=mode, swap_space=0.01,
-        max_shared_prefill_tokens=12 if split else None))
+        max_shared_prefill_tokens=bound, tenant_linger_seconds=linger))
     outputs: dict[str, list[list[int]]] = {}
     for index, (request_id, tenant, prompt, params) in enumerate(REQUESTS):
         engine.add_request(request_id, prompt, params, tenant=tenant if split else None)
@@ -56,10 +58,14 @@ def run(model_dir: Path, split: bool, mode: str) -> tuple[dict[str, list[list[in
     return outputs, engine.scheduler.stats(with_occupancy=False).num_preemptions
 
 
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_tenant_shares_change_no_tokens(model_dir: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "bound", "linger"), [
+    ("recompute", 12, 5.0), ("swap", 12, 5.0),
+    ("recompute", None, 0.0),  # the default bound: a token a tenant (24 // 16)
+])
+def test_tenant_shares_change_no_tokens(model_dir: Path, mode: str, bound: int | None,
+                                        linger: float) -> None:
     fcfs, _ = run(model_dir, split=False, mode=mode)
-    shared, num_preemptions = run(model_dir, split=True, mode=mode)
+    shared, num_preemptions = run(model_dir, split=True, mode=mode, bound=bound, linger=linger)
     assert shared == fcfs
     assert sorted(shared) == ["b0", "h0", "h1", "s0", "s1"]
     assert num_preemptions > 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from pagedserve.server.engine.config.engine_config import (
+    DEFAULT_TENANT_LINGER_SECONDS,
     KV_CACHE_DTYPES,
     CacheConfig,
     SchedulerConfig,
@@ -52,7 +53,7 @@ class EngineArgs:
     preemption_mode: str = "auto"
     max_waiting_requests: int | None = None
     max_shared_prefill_tokens: int | None = None
-    tenant_linger_steps: int = 0
+    tenant_linger_seconds: float = DEFAULT_TENANT_LINGER_SECONDS
     tensor_parallel_size: int = 1
     distributed_timeout: float = 120.0
     grammar_cache_size: int = 256
@@ -100,7 +101,7 @@ class EngineArgs:
             preemption_mode=self.preemption_mode,
             max_waiting_requests=self.max_waiting_requests,
             max_shared_prefill_tokens=self.max_shared_prefill_tokens,
-            tenant_linger_steps=self.tenant_linger_steps,
+            tenant_linger_seconds=self.tenant_linger_seconds,
         )
 
     @classmethod
@@ -189,13 +190,17 @@ class EngineArgs:
         g.add_argument("--max-waiting-requests", type=int, default=None,
                        help="waiting-queue limit; beyond it requests are refused (HTTP 429); "
                             "None: no limit")
-        g.add_argument("--max-shared-prefill-tokens", type=int, default=None,
-                       help="while requests of more than one tenant (API key) are live, most "
-                            "prompt tokens one step computes, split fairly between the tenants; "
-                            "None: --max-num-batched-tokens")
-        g.add_argument("--tenant-linger-steps", type=int, default=0,
-                       help="steps a tenant still counts as live after its last request "
-                            "finished (its next request then finds short steps)")
+        g.add_argument("--max-shared-prefill-tokens", type=int, default=None, metavar="N",
+                       help="while more than one tenant (API key, or client address) is "
+                            "live, the tenant served least lately may take up to N prompt "
+                            "tokens a step for each of the k tenants with prompts, and a step "
+                            "computes at most (k-1)*N or what it took; default: a sixteenth of "
+                            "--max-num-batched-tokens (set it to that to turn the bound off)")
+        g.add_argument("--tenant-linger-seconds", type=float, metavar="SECONDS",
+                       default=DEFAULT_TENANT_LINGER_SECONDS,
+                       help="seconds a tenant still counts as live after its last request "
+                            "finished, so that its next request finds short steps (0: only "
+                            "while it has requests)")
         g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                        help="split the model across this many ranks (processes: gloo on "
                             "CPU, NCCL with one GPU each on CUDA); see the README")

@@ -13,6 +13,12 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # without starving the weights. On CUDA the engine sizes the cache from gpu_memory_utilization
 # instead (engine/worker/gpu_memory.py).
 DEFAULT_KV_CACHE_MEMORY = 1 * GiB
+# While more than one tenant is live, a step's prompt tokens are bounded by
+# max_num_batched_tokens divided by this a tenant with prompts (unless max_shared_prefill_tokens
+# says), and a tenant counts as live for this many seconds after its last request finished.
+# Both chosen from docs/benchmarks.md, "Fairness between tenants".
+SHARED_PREFILL_FRACTION = 16
+DEFAULT_TENANT_LINGER_SECONDS = 5.0
 
 KVAllocationName = Literal["paged", "contiguous"]
 PreemptionModeName = Literal["auto", "recompute", "swap"]
@@ -102,10 +108,12 @@ class SchedulerConfig:
     ``max_num_seqs`` bounds the sequences in the running batch, ``max_num_batched_tokens`` the
     tokens computed in one step (longer prompts are prefilled in chunks), ``max_model_len`` the
     tokens of one sequence. ``max_waiting_requests`` (None: unbounded) turns a full queue into
-    ``QueueFullError`` instead of unbounded latency. ``max_shared_prefill_tokens`` (None:
-    unbounded) bounds a step's prompt tokens while more than one tenant has requests live, so
-    that one tenant's long prompts do not make every step long for the others; a tenant still
-    counts as live for ``tenant_linger_steps`` steps after its last request finished.
+    ``QueueFullError`` instead of unbounded latency. While more than one tenant is live, a
+    step's prompt tokens are bounded by ``max_shared_prefill_tokens`` (None: a sixteenth of
+    ``max_num_batched_tokens``) a tenant with prompts to compute, so that one tenant's long
+    prompts do not make every step long for the others; a tenant still counts as live for
+    ``tenant_linger_seconds`` after its last request finished (``step_shares.py`` has the
+    rule, ``tenant_activity.py`` the liveness).
     """
 
     max_num_seqs: int = 256
@@ -114,7 +122,7 @@ class SchedulerConfig:
     preemption_mode: PreemptionModeName = "auto"
     max_waiting_requests: int | None = None
     max_shared_prefill_tokens: int | None = None
-    tenant_linger_steps: int = 0
+    tenant_linger_seconds: float = DEFAULT_TENANT_LINGER_SECONDS
 
     def __post_init__(self) -> None:
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, "at least 1")
@@ -128,5 +136,8 @@ class SchedulerConfig:
         _require(self.max_shared_prefill_tokens is None or self.max_shared_prefill_tokens >= 1,
                  "max_shared_prefill_tokens", self.max_shared_prefill_tokens,
                  "None or at least 1")
-        _require(self.tenant_linger_steps >= 0, "tenant_linger_steps", self.tenant_linger_steps,
-                 "at least 0")
+        if self.max_shared_prefill_tokens is None:
+            self.max_shared_prefill_tokens = max(
+                1, self.max_num_batched_tokens // SHARED_PREFILL_FRACTION)
+        _require(self.tenant_linger_seconds >= 0, "tenant_linger_seconds",
+                 self.tenant_linger_seconds, "at least 0")

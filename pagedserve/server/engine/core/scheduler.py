@@ -20,6 +20,7 @@ from pagedserve.server.engine.core.scheduler_updates import StepUpdater
 from pagedserve.server.engine.core.scheduling_budget import SchedulingBudget
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.core.step_shares import StepShares
+from pagedserve.server.engine.core.tenant_activity import TenantActivity
 from pagedserve.server.errors import BlockAllocationError, InvalidRequestError, QueueFullError
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ class Scheduler:
     ``max_num_seqs`` sequences. A step that preempts admits nothing new. The queues are kept
     in arrival order, so a request preempted by recomputation goes back ahead of newer ones.
     Waiting requests are admitted fairly between tenants (``fair_share.py``), in arrival
-    order within one; while several tenants have requests live, the step's prefill tokens
-    are split fairly between them too (``step_shares.py``).
+    order within one; while several tenants are live, the step's prefill tokens are bounded
+    and go to the tenant served least lately first (``step_shares.py``,
+    ``tenant_activity.py``).
 
     Sequence ids must be unique among live sequences; :meth:`new_seq_id` hands out ids that
     are, and :meth:`fork_seq` uses it. Applying a step's results (appending tokens, forks,
@@ -75,8 +77,7 @@ class Scheduler:
         # Work done between steps (forks, aborts) that the next SchedulerOutput reports.
         self._pending = SchedulerOutput()
         self._updater = StepUpdater(self, clock)
-        self._num_steps = 0
-        self._tenants_seen: dict[str | None, int] = {}  # the step each last had one finish
+        self.tenant_activity = TenantActivity(scheduler_config.tenant_linger_seconds, clock)
 
     # ------------------------------------------------------------------ requests
 
@@ -125,7 +126,7 @@ class Scheduler:
             if seq_group in queue:
                 queue.remove(seq_group)
         request_id = seq_group.request_id
-        self._tenants_seen[seq_group.tenant] = self._num_steps
+        self.tenant_activity.finished(seq_group.tenant)
         del self._groups[request_id]
         del self._arrival_order[request_id]
         for seq in seq_group.seqs:
@@ -138,27 +139,21 @@ class Scheduler:
         """The next step: which sequences compute how many tokens, and the block operations
         to do first. The caller runs it, then calls :meth:`update_from_output`."""
         output, self._pending = self._pending, SchedulerOutput()
-        self._num_steps += 1
         budget = SchedulingBudget(self.config.max_num_batched_tokens, self._step_shares())
         self._schedule_running(output, budget)
         if not output.preempted:
             self._schedule_swapped(output, budget)
         if not output.preempted and not self.swapped:
             self._schedule_waiting(output, budget)
+        self.tenant_activity.record(output)
         return output
 
     def _step_shares(self) -> StepShares | None:
-        # A tenant whose request just finished is likely to send its next one in a moment
-        # (a client that sends one request after another): it still counts as live for a
-        # few steps, so that the next one does not find a long step under way.
-        linger = self.config.tenant_linger_steps
-        self._tenants_seen = {tenant: step for tenant, step in self._tenants_seen.items()
-                              if self._num_steps - step <= linger}
         return StepShares.of(
-            self.running, self.swapped, self.waiting, self._tenants_seen,
+            self.running, self.swapped, self.waiting, self.tenant_activity.lingering(),
             lambda group: self.block_manager.can_allocate(group) is AllocStatus.OK,
             self.config.max_num_batched_tokens, self.config.max_shared_prefill_tokens,
-            self.tenant_shares.rank)
+            self.tenant_activity.served, self.tenant_shares.rank)
 
     def _schedule_running(self, output: SchedulerOutput, budget: SchedulingBudget) -> None:
         index = 0

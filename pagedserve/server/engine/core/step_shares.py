@@ -3,15 +3,21 @@
 Admission alone (``fair_share.py``) does not make a step fair: the running requests are served
 first, oldest first, and a tenant's running prefills (chunked) would take the whole step's
 token budget, so another tenant's short prompt shares each step with their chunks, or waits
-for the next one. While more than one tenant has requests live, each step therefore:
+for the next one. While more than one tenant is live (has requests in the queues, or had one
+finish a moment ago: ``tenant_activity.py``), each step therefore:
 
 - keeps a token for every running sequence that decodes (decodes are never held back);
-- splits the rest, the prefill pool, max-min fairly between the tenants with prompt tokens
-  to compute (water filling: a tenant that needs less than an equal share gets what it needs,
-  the others split what it leaves; a tenant served less so far gets the odd token first);
-- bounds the pool by ``max_shared_prefill_tokens`` when that is set, so that one tenant's huge
-  prompts cannot make every step long for the others (the step's length is what a decoding or
-  newly admitted request waits for);
+- hands the rest, the prefill pool, out by recent service: the tenant served least lately
+  takes all it needs first, then the others in turn;
+- bounds the pool, with N = ``max_shared_prefill_tokens`` and k tenants with prompt tokens
+  to compute: the first may take up to k·N, and the step computes at most (k - 1)·N or what
+  the first took, whichever is more (one tenant with prompts beside others that only decode
+  or linger: N). One tenant's huge prompts then cannot make every step
+  long for the others (the step's length is what a decoding or newly arrived request waits
+  for): a tenant that arrives beside another's backlog has its prompt computed at once, in a
+  step with little else in it (two tenants: the other gets what the prompt leaves of N), and
+  two backlogged tenants take turns (the one served becomes the one served more). Ties go to
+  the smaller demand.
 - gives each tenant with prompt tokens at least a token for each sequence of its widest such
   request, so that every tenant's prefills move on however small the pool.
 
@@ -67,10 +73,13 @@ class StepShares:
            waiting: list[SequenceGroup], lingering: Iterable[Tenant],
            can_admit: Callable[[SequenceGroup], bool],
            max_num_batched_tokens: int, max_shared_prefill_tokens: int | None,
+           served: Callable[[Tenant], float],
            rank: Callable[[Tenant], tuple[int, int]]) -> StepShares | None:
         """The allowances for a step over the running, swapped and waiting requests, or None
-        when one tenant (or none) has requests live. The ``lingering`` tenants (whose last
-        request finished a moment ago) count as live, with nothing to prefill.
+        when one tenant (or none) is live. The ``lingering`` tenants (whose last
+        request finished a moment ago) count as live, with nothing to prefill. ``served``
+        is a tenant's recent prefill service; ties go to the smaller demand, then to the lower
+        ``rank`` (admission's order).
 
         A tenant's waiting requests count only if the blocks its oldest needs are free
         (``can_admit``): a share kept for a request that cannot start would slow down the
@@ -91,13 +100,12 @@ class StepShares:
                 width[group.tenant] = max(width.get(group.tenant, 0), _num_unfinished(group))
         decodes = sum(group.num_seqs(SequenceStatus.RUNNING) for group in running
                       if not is_prefilling(group))
-        pool = max(0, max_num_batched_tokens - decodes)
+        pool = rest = max(0, max_num_batched_tokens - decodes)
         if max_shared_prefill_tokens is not None:
-            pool = min(pool, max_shared_prefill_tokens)
-        grants = water_fill(demand, pool, rank)
-        # A request's sequences advance together, a token each at least: a share smaller
-        # than that would hold the tenant's prefills back for ever.
-        return cls({tenant: max(grant, width[tenant]) for tenant, grant in grants.items()})
+            pool = min(pool, max_shared_prefill_tokens * max(1, len(demand)))
+            rest = min(rest, max_shared_prefill_tokens * (len(demand) - 1))
+        order = sorted(demand, key=lambda tenant: (served(tenant), demand[tenant], *rank(tenant)))
+        return cls(least_served_first(order, demand, width, pool, rest))
 
     def left(self, tenant: Tenant) -> int:
         return self.allowance.get(tenant, 0)
@@ -106,16 +114,16 @@ class StepShares:
         self.allowance[tenant] = self.left(tenant) - num_tokens
 
 
-def water_fill(demand: dict[Tenant, int], pool: int,
-               rank: Callable[[Tenant], tuple[int, int]]) -> dict[Tenant, int]:
-    """Max-min fair grants of ``pool`` tokens: the smallest demands are met first, each of the
-    others gets an equal share of what is left. Tenants are taken by demand, then ``rank``
-    (lower first: the tenant served less so far); the odd tokens go to the earlier ones."""
+def least_served_first(order: list[Tenant], demand: dict[Tenant, int],
+                       width: dict[Tenant, int], pool: int, rest: int) -> dict[Tenant, int]:
+    """Grants: the tenants in ``order``, one after another, each take what they need
+    (``demand``) of what is left: ``pool`` tokens for the first, then what it leaves of
+    ``rest``. Each gets at least ``width`` tokens: a request's sequences advance together, a
+    token each at least, and a smaller grant could hold every tenant's prefills back for ever
+    (the first one's request may be unable to start)."""
     grants: dict[Tenant, int] = {}
     left = pool
-    tenants = sorted(demand, key=lambda t: (demand[t], *rank(t)))
-    for index, tenant in enumerate(tenants):
-        share = -(-left // (len(tenants) - index))
-        grants[tenant] = min(demand[tenant], share)
-        left -= grants[tenant]
+    for index, tenant in enumerate(order):
+        grants[tenant] = max(min(demand[tenant], left), width[tenant])
+        left = max(0, (rest if index == 0 else left) - grants[tenant])
     return grants
