@@ -47,3 +47,22 @@ def test_auto_logs_its_choice(monkeypatch, caplog):
         assert resolve_dtype("auto", config, torch.device("cpu")) == torch.float32
     assert "--dtype auto: torch.float32, because the CPU (" in caplog.text
     assert resolve_dtype("bfloat16", config, torch.device("cpu")) == torch.bfloat16
+
+
+def test_quantized_weights_run_float32_even_where_bfloat16_is_native(monkeypatch, caplog):
+    quantized = cpu_dtype.choose_cpu_dtype(cpu_dtype.cpu_flags(SAPPHIRE_RAPIDS), quantized=True)
+    assert (quantized.dtype, quantized.reason) == (torch.float32, cpu_dtype.QUANTIZED_REASON)
+    flags = cpu_dtype.cpu_flags(ZEN4)
+    monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: flags)
+    config = ModelConfig(architecture="LlamaForCausalLM", model_type="llama", vocab_size=8,
+                         hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                         max_position_embeddings=8, torch_dtype="bfloat16")
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", config, cpu) == torch.bfloat16
+    assert resolve_dtype("auto", config, cpu, "none") == torch.bfloat16
+    with caplog.at_level(logging.INFO, logger="pagedserve.server.models.loader"):
+        for quantization in ("gguf", "int8", "int4"):
+            assert resolve_dtype("auto", config, cpu, quantization) == torch.float32
+    assert "--dtype auto: torch.float32, because the weights are quantized" in caplog.text
+    assert resolve_dtype("bfloat16", config, cpu, "gguf") == torch.bfloat16

@@ -35,23 +35,30 @@ from pagedserve.server.models.weights import load_weights
 logger = logging.getLogger(__name__)
 
 def resolve_dtype(
-    dtype: str | torch.dtype, config: ModelConfig, device: torch.device
+    dtype: str | torch.dtype, config: ModelConfig, device: torch.device,
+    quantization: str = "none",
 ) -> torch.dtype:
     """The dtype to run in. ``"auto"`` follows the checkpoint's ``torch_dtype`` on accelerators
     (float16 for bfloat16 checkpoints on GPUs without bfloat16); on CPU it is bfloat16 where
-    the CPU has native bfloat16 instructions, else float32 (``cpu_dtype.py``; logged).
+    the CPU has native bfloat16 instructions and the weights are float (``quantization``
+    ``none``), else float32 (``cpu_dtype.py``; logged).
     bfloat16 logits carry 8 significant bits, so a near-tied greedy pick can change with the
     batch around it: pass float32 where runs must agree token for token."""
     if dtype != "auto":
         return parse_dtype(dtype)
     if device.type == "cpu":
-        choice = choose_cpu_dtype()
+        choice = choose_cpu_dtype(quantized=quantization != "none")
         logger.info("--dtype auto: %s, because %s", choice.dtype, choice.reason)
         return choice.dtype
     chosen = DTYPES.get(str(config.torch_dtype), torch.float32)
     if chosen == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         return torch.float16
     return chosen
+
+
+def default_quantization(model_dir: Path, quantization: str | None) -> str:
+    """``quantization``, or where it is None: ``gguf`` for a GGUF file, else ``none``."""
+    return quantization or ("none" if model_dir.is_dir() else "gguf")
 
 
 def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
@@ -86,7 +93,7 @@ def load_model(
     stored where a kernel runs their type (``gguf_quantized.py``), ``none`` keeps every
     weight float; None: ``gguf`` for a GGUF file, else ``none``."""
     model_dir = check_model_path(model_dir)
-    quantization = quantization or ("none" if model_dir.is_dir() else "gguf")
+    quantization = default_quantization(model_dir, quantization)
     check_quantization(quantization)
     if quantization == "gguf" and model_dir.is_dir():
         raise ModelLoadError(f"quantization 'gguf' keeps the tensor types of a GGUF file; "
@@ -96,7 +103,7 @@ def load_model(
     group = group if group is not None else TensorParallelGroup()
     check_tensor_parallel(config, group.world_size)
     device = torch.device(device)
-    run_dtype = resolve_dtype(dtype, config, device)
+    run_dtype = resolve_dtype(dtype, config, device, quantization)
     ops = kernel_ops if kernel_ops is not None else get_kernel_ops(device, backend)
     with torch.device("meta"):
         model = model_class(config, ops, group)

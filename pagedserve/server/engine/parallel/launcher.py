@@ -46,7 +46,7 @@ from pagedserve.server.engine.worker.kv_cache import KVCache
 from pagedserve.server.engine.worker.model_runner import ModelRunner
 from pagedserve.server.errors import WorkerFailedError
 from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.loader import resolve_dtype
+from pagedserve.server.models.loader import default_quantization, resolve_dtype
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel
 from pagedserve.server.models.source import load_config
@@ -114,7 +114,7 @@ class WorkerGroup:
         device = rank_device(base, rdzv.local_rank)
         threads = torch.get_num_threads()
         per_rank = max(1, threads // size) if not launched else threads
-        init = WorkerInit(_resolved(args, config, device), str(model_dir), per_rank)
+        init = WorkerInit(_resolved(args, config, device, model_dir), str(model_dir), per_rank)
         rdzv.set("init", pickle.dumps(init))
         processes = {} if launched else _spawn(rdzv, size)
         group = None
@@ -235,10 +235,12 @@ class WorkerGroup:
             torch.set_num_threads(self._restore_threads)
 
 
-def _resolved(args: EngineArgs, config: ModelConfig, device: torch.device) -> EngineArgs:
+def _resolved(args: EngineArgs, config: ModelConfig, device: torch.device,
+              model_dir: Path) -> EngineArgs:
     # Every rank must run in the same dtype on the same kind of device; "auto" is resolved
     # once, here.
-    dtype = resolve_dtype(args.dtype, config, device)
+    quantization = default_quantization(model_dir, args.quantization)
+    dtype = resolve_dtype(args.dtype, config, device, quantization)
     return replace(args, dtype=str(dtype).removeprefix("torch."), device=device.type)
 
 
