@@ -19,7 +19,6 @@ prompt's count of leading tokens in common.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -91,33 +90,16 @@ def median_interval(counts: list[int], draws: int = 4000, seed: int = 0) -> tupl
     return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
-@contextlib.contextmanager
-def activations(bits: str | None):
-    """The block-quant kernel's activation rounding for one variant (None: as configured)."""
-    from pagedserve.kernels.cpu_block_quant import ACTIVATIONS_ENV
-
-    before = os.environ.get(ACTIVATIONS_ENV)
-    if bits is not None:
-        os.environ[ACTIVATIONS_ENV] = bits
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(ACTIVATIONS_ENV, None)
-        else:
-            os.environ[ACTIVATIONS_ENV] = before
-
-
 def ours_greedy(model: Path, variant: str, args: argparse.Namespace,
                 prompts_: list[str]) -> list[list[int]]:
     from pagedserve.server import LLM, SamplingParams
 
-    quantization, _, bits = variant.partition(":")
-    with activations(bits or None):
-        llm = LLM(str(model), quantization=quantization, dtype=args.dtype,
-                  cpu_threads=args.threads, max_model_len=512)
-        params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
-        return [o.outputs[0].token_ids for o in llm.generate(prompts_, params)]
+    quantization, _, activations = variant.partition(":")
+    llm = LLM(str(model), quantization=quantization, dtype=args.dtype,
+              quantized_activations=activations or "int8", cpu_threads=args.threads,
+              max_model_len=512)
+    params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts_, params)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--variants", default="gguf",
-                        help="comma-separated --quantization values, each optionally with the "
-                             "block-quant kernel's activations: gguf,gguf:int16,none")
+                        help="comma-separated --quantization values, each optionally with "
+                             "--quantized-activations: gguf,gguf:int16,none")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--compare", choices=("ids", "text"), default="ids")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from collections.abc import Callable
 
@@ -50,11 +49,13 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
     int4 = INT4_KERNEL.prepare(quantize_int4(weight, 32))
     block = {}
     if cpu_block_quant.available():
+        (a16_kernel,) = cpu_block_quant.with_activations([BLOCK_QUANT_KERNEL], "int16")
         q4 = BLOCK_QUANT_KERNEL.prepare(quantize_int4(weight, 32))
         q8 = BLOCK_QUANT_KERNEL.prepare(quantize_int8(weight, 32))
+        q4_a16 = a16_kernel.prepare(quantize_int4(weight, 32))
         block = {"block q4": lambda x: BLOCK_QUANT_KERNEL.linear(x, q4, None),
                  "block q8": lambda x: BLOCK_QUANT_KERNEL.linear(x, q8, None),
-                 "block q4 a16": lambda x: _int16_activations(BLOCK_QUANT_KERNEL.linear, x, q4)}
+                 "block q4 a16": lambda x: a16_kernel.linear(x, q4_a16, None)}
     return {
         "f32": lambda x: F.linear(x, weight),
         "f32 packed": lambda x: cpu_linear.linear(x, packed, None),
@@ -64,14 +65,6 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
         "int4": lambda x: INT4_KERNEL.linear(x, int4, None),
         **block,
     }
-
-
-def _int16_activations(linear: Callable, x: torch.Tensor, state: object) -> torch.Tensor:
-    os.environ[cpu_block_quant.ACTIVATIONS_ENV] = "int16"
-    try:
-        return linear(x, state, None)
-    finally:
-        del os.environ[cpu_block_quant.ACTIVATIONS_ENV]
 
 
 def _best_us(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, repeats: int) -> float:

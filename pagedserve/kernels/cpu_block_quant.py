@@ -14,7 +14,7 @@ block), the file's scales (float16, held exactly in float32) applied in float32.
   float32 dequantization 15 (12-19), and llama.cpp's own Q4_1 run against llama.cpp on the
   same weights in F32 16 (13-19): two engines that round differently part ways after a
   dozen tokens on this model, while the float engines agree (median 32, 486 of 518 equal).
-- int16 activations (``PAGEDSERVE_BLOCK_QUANT_ACTIVATIONS=int16``): 2e-5 of each output from
+- int16 activations (``--quantized-activations int16``, :func:`with_activations`): 2e-5 of each output from
   the float32 product of the dequantized weight; greedy agreement as float32 dequantization's,
   about twice the compute of int8 (VNNI's 16-bit dot products take 2 inputs a lane).
 
@@ -33,9 +33,11 @@ and the dispatch falls back to torch's ops (``cpu_quantized_linear.py``).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +52,8 @@ logger = logging.getLogger(__name__)
 GROUP_SIZE = 32
 GROUP_OUT = 16  # outputs a vector register holds
 ENV = "PAGEDSERVE_BLOCK_QUANT"
-ACTIVATIONS_ENV = "PAGEDSERVE_BLOCK_QUANT_ACTIVATIONS"
+# --quantized-activations: the integer width each activation block is quantized to.
+ACTIVATION_BITS = {"int8": 8, "int16": 16}
 # min factor of a weight stored without mins: int8 codes are offset by 128, Q4_0's min is -8d.
 INT8_FACTOR, Q4_0_FACTOR = -128.0, -8.0
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -83,12 +86,6 @@ def uses_simd() -> bool:
             and os.environ.get(ENV, "").lower() != "portable")
 
 
-def activation_bits() -> int:
-    """8 (the default, GGUF's runtime's own rounding) or 16
-    (``PAGEDSERVE_BLOCK_QUANT_ACTIVATIONS=int16``)."""
-    return 16 if os.environ.get(ACTIVATIONS_ENV, "int8").lower() == "int16" else 8
-
-
 @dataclass(frozen=True, slots=True)
 class BlockQuantState:
     codes: torch.Tensor  # uint8, the kernel's tiled layout
@@ -98,6 +95,7 @@ class BlockQuantState:
     bits: int
     in_features: int
     out_features: int
+    activation_bits: int = 8
 
 
 def _supports(qw: QuantizedWeight, device: torch.device) -> bool:
@@ -116,7 +114,7 @@ def _tiled(codes: torch.Tensor) -> torch.Tensor:
         0, 2, 3, 1, 4)
 
 
-def _prepare(qw: QuantizedWeight) -> BlockQuantState:
+def _prepare(qw: QuantizedWeight, activation_bits: int = 8) -> BlockQuantState:
     n_pad = -(-qw.out_features // GROUP_OUT) * GROUP_OUT
     k_pad = qw.padded_in_features
     blocks = k_pad // GROUP_SIZE
@@ -135,7 +133,7 @@ def _prepare(qw: QuantizedWeight) -> BlockQuantState:
         bits = 4
     assert blocks * GROUP_SIZE == k_pad
     return BlockQuantState(codes.contiguous().view(-1), scales, mins, factor, bits,
-                           qw.in_features, qw.out_features)
+                           qw.in_features, qw.out_features, activation_bits)
 
 
 def _grouped_scales(t: torch.Tensor, n_pad: int) -> torch.Tensor:
@@ -156,7 +154,7 @@ def _linear(x: torch.Tensor, state: BlockQuantState, bias: torch.Tensor | None) 
         rows.data_ptr(), rows.stride(0), m, state.in_features, state.codes.data_ptr(),
         state.scales.data_ptr(), None if state.mins is None else state.mins.data_ptr(),
         state.factor, state.bits, n, k_pad, y.data_ptr(), n, threads, int(uses_simd()),
-        activation_bits())
+        state.activation_bits)
     y = y.to(x.dtype).reshape(*x.shape[:-1], n)
     return y if bias is None else y + bias
 
@@ -185,3 +183,17 @@ def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> to
 
 BLOCK_QUANT_KERNEL = QuantKernel("block-quant-dot (C)", _supports, _prepare, _linear, _nbytes,
                                  _lookup)
+
+
+def with_activations(kernels: Iterable[QuantKernel], activations: str) -> tuple[QuantKernel, ...]:
+    """``kernels`` with the block-quant kernel quantizing activations to ``activations``
+    (``int8``, its default, or ``int16``); the other kernels as they are."""
+    if activations not in ACTIVATION_BITS:
+        raise ValueError(f"quantized activations must be one of {', '.join(ACTIVATION_BITS)}, "
+                         f"got {activations!r}")
+    if activations == "int8":
+        return tuple(kernels)
+    variant = dataclasses.replace(
+        BLOCK_QUANT_KERNEL, name=f"block-quant-dot (C, {activations} activations)",
+        prepare=functools.partial(_prepare, activation_bits=ACTIVATION_BITS[activations]))
+    return tuple(variant if kernel is BLOCK_QUANT_KERNEL else kernel for kernel in kernels)

@@ -45,9 +45,14 @@ def path(request, monkeypatch) -> str:
 
 
 @pytest.fixture(params=["int8", "int16"])
-def activations(request, monkeypatch) -> int:
-    monkeypatch.setenv(cpu_block_quant.ACTIVATIONS_ENV, request.param)
-    return cpu_block_quant.activation_bits()
+def activations(request) -> int:
+    return cpu_block_quant.ACTIVATION_BITS[request.param]
+
+
+def _kernel(bits: int):
+    """The block-quant kernel quantizing activations to ``bits`` (--quantized-activations)."""
+    (kernel,) = cpu_block_quant.with_activations([BLOCK_QUANT_KERNEL], f"int{bits}")
+    return kernel
 
 
 def _blocks(qtype, out: int, inp: int, seed: int) -> np.ndarray:
@@ -79,9 +84,11 @@ def _as_quantized(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
 
 def _check(weight, reference: torch.Tensor, rows: int, seed: int, bits: int) -> None:
     x = torch.randn(rows, weight.in_features, generator=torch.Generator().manual_seed(seed))
-    assert BLOCK_QUANT_KERNEL.supports(weight, CPU)
-    state = BLOCK_QUANT_KERNEL.prepare(weight)
-    y = BLOCK_QUANT_KERNEL.linear(x, state, None)
+    kernel = _kernel(bits)
+    assert kernel.supports(weight, CPU)
+    state = kernel.prepare(weight)
+    assert state.activation_bits == bits
+    y = kernel.linear(x, state, None)
     assert y.shape == (rows, weight.out_features) and y.dtype == torch.float32
     quantized, sums = _as_quantized(x, bits)
     if state.mins is None:
@@ -119,7 +126,7 @@ def test_float_weights_quantized_in_groups_of_32(path, activations, scheme, inp,
 
 def test_simd_and_portable_loops_agree(activations, monkeypatch) -> None:
     weight = repack(int(T.Q4_1), _blocks(T.Q4_1, 40, 128, 3), (40, 128))
-    state = BLOCK_QUANT_KERNEL.prepare(weight)
+    state = _kernel(activations).prepare(weight)
     x = torch.randn(2, 3, 128, generator=torch.Generator().manual_seed(1))
     simd = BLOCK_QUANT_KERNEL.linear(x, state, None)
     monkeypatch.setenv(cpu_block_quant.ENV, "portable")
@@ -174,3 +181,13 @@ def test_rows_are_looked_up_as_stored(qtype) -> None:
     ids = torch.tensor([0, 36, 17, 17, 5])
     rows = BLOCK_QUANT_KERNEL.lookup(state, ids, torch.float32)
     assert torch.equal(rows, dequantize(weight)[ids])
+
+
+def test_activation_widths_are_checked_and_named() -> None:
+    kernels = (BLOCK_QUANT_KERNEL, INT4_KERNEL)
+    assert cpu_block_quant.with_activations(kernels, "int8") == kernels
+    wide, torch_op = cpu_block_quant.with_activations(kernels, "int16")
+    assert (wide.name, torch_op) == ("block-quant-dot (C, int16 activations)", INT4_KERNEL)
+    with pytest.raises(ValueError, match="quantized activations must be one of int8, int16, "
+                                         "got 'int4'"):
+        cpu_block_quant.with_activations(kernels, "int4")

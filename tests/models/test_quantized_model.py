@@ -110,6 +110,25 @@ def test_cpu_ops_follow_the_reference(odd_checkpoint, scheme, kernel, caplog):
         assert float((ours - ref).norm() / ref.norm()) < 0.03
 
 
+@pytest.mark.skipif(not cpu_block_quant.available(), reason="needs the C block-quant kernel")
+def test_int16_activations_follow_the_reference_closer(odd_checkpoint, caplog):
+    reference, config = load_model(odd_checkpoint, dtype="float32", kernel_ops=TORCH_OPS,
+                                   quantization="int4")
+    errors = {}
+    for activations in ("int8", "int16"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="pagedserve.server.models.loader"):
+            model, _ = load_model(odd_checkpoint, dtype="float32", kernel_ops=CPU_QUANT_OPS,
+                                  quantization="int4", quantized_activations=activations)
+        name = "block-quant-dot (C)" if activations == "int8" else (
+            "block-quant-dot (C, int16 activations)")
+        assert f"quantization int4: {name}: 9 projections; weights" in caplog.text
+        errors[activations] = max(
+            float((ours - ref).norm() / ref.norm())
+            for ours, ref in zip(_logits(model, config), _logits(reference, config), strict=True))
+    assert errors["int16"] < 1e-3 < errors["int8"]
+
+
 def test_weights_in_memory_shrink(llama_checkpoint):
     sizes = {}
     for scheme in ("none", "int8", "int4"):
@@ -156,6 +175,12 @@ def test_unknown_or_inapplicable_quantization_is_refused(llama_checkpoint):
         load_model(llama_checkpoint, quantization="gguf")
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineArgs(quantization="fp4")
+    with pytest.raises(ModelLoadError, match="quantized activations must be one of int8, "
+                                             "int16, got 'int4'"):
+        load_model(llama_checkpoint, quantization="int4", quantized_activations="int4")
+    with pytest.raises(ValueError, match="quantized_activations must be one of int8, int16, "
+                                         "got 'fp8'"):
+        EngineArgs(quantized_activations="fp8")
 
 
 def test_a_quantized_weight_of_another_shape_is_refused():
@@ -174,5 +199,8 @@ def test_the_flag_reaches_the_engine_args():
     assert EngineArgs.from_cli_args(parser.parse_args([])).quantization is None
     args = EngineArgs.from_cli_args(parser.parse_args(["--quantization", "int4"]))
     assert args.quantization == "int4"
+    assert args.quantized_activations == "int8"
+    wide = parser.parse_args(["--quantization", "gguf", "--quantized-activations", "int16"])
+    assert EngineArgs.from_cli_args(wide).quantized_activations == "int16"
     with pytest.raises(SystemExit):
         parser.parse_args(["--quantization", "fp8"])

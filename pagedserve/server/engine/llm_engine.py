@@ -64,6 +64,7 @@ class LLMEngine:
         self.model, self.model_config = load_model(
             self.model_dir, dtype=args.dtype, device=self.device, backend=args.kernel_backend,
             group=self.workers.group, quantization=args.quantization,
+            quantized_activations=args.quantized_activations,
         )
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.scheduler_config = args.scheduler_config(self.max_model_len)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from pagedserve.common.gguf_file import release_gguf_files
+from pagedserve.kernels.cpu_block_quant import with_activations
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
@@ -84,6 +85,7 @@ def load_model(
     backend: str | None = None,
     group: TensorParallelGroup | None = None,
     quantization: str | None = None,
+    quantized_activations: str = "int8",
 ) -> tuple[CausalLM, ModelConfig]:
     """Loads a Hugging Face-format directory or a GGUF file. Without ``kernel_ops`` the ops
     come from ``get_kernel_ops(device, backend)`` (``backend=None``:
@@ -91,7 +93,9 @@ def load_model(
     read and held. ``quantization`` ``int8`` / ``int4`` quantizes the projections after
     loading (``quantized_linear.py``), ``gguf`` keeps a GGUF file's quantized projections as
     stored where a kernel runs their type (``gguf_quantized.py``), ``none`` keeps every
-    weight float; None: ``gguf`` for a GGUF file, else ``none``."""
+    weight float; None: ``gguf`` for a GGUF file, else ``none``. ``quantized_activations``:
+    what the block-quant kernel rounds activations to, ``int8`` (llama.cpp's rounding) or
+    ``int16`` (``cpu_block_quant.py``)."""
     model_dir = check_model_path(model_dir)
     quantization = default_quantization(model_dir, quantization)
     check_quantization(quantization)
@@ -105,6 +109,10 @@ def load_model(
     device = torch.device(device)
     run_dtype = resolve_dtype(dtype, config, device, quantization)
     ops = kernel_ops if kernel_ops is not None else get_kernel_ops(device, backend)
+    try:
+        kernels = with_activations(ops.quantized_kernels, quantized_activations)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     with torch.device("meta"):
         model = model_class(config, ops, group)
     materialize(model, run_dtype, device)
@@ -112,13 +120,13 @@ def load_model(
     try:
         load_weights(model, model_weights(model_dir, config), str(model_dir))
         if quantization == "gguf":
-            report.kernels = keep_gguf_types(model, model_dir, config, ops.quantized_kernels)
+            report.kernels = keep_gguf_types(model, model_dir, config, kernels)
     finally:
         # The engine reads the tokenizer first, so a GGUF file's header is not needed again.
         release_gguf_files()
     model.eval()
     if quantization not in ("none", "gguf"):
-        report.kernels = quantize_linear_layers(model, quantization, ops.quantized_kernels)
+        report.kernels = quantize_linear_layers(model, quantization, kernels)
     packed = pack_linear_layers(model, ops.linear_packing)
     report.weight_bytes = weight_bytes(model)
     if config.note:

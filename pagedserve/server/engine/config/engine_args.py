@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 # The --quantization choices (pagedserve.server.models.quantized_linear.QUANTIZATIONS, named
 # here too so that the CLI parser imports no torch).
 QUANTIZATIONS = ("none", "gguf", "int8", "int4")
+# --quantized-activations (pagedserve.kernels.cpu_block_quant.ACTIVATION_BITS).
+QUANTIZED_ACTIVATIONS = ("int8", "int16")
 
 # Read when kv_cache_prefault is None: "1" writes the CPU KV cache at start-up (the default),
 # "0" leaves its pages to be faulted in by the first writes.
@@ -36,6 +38,7 @@ class EngineArgs:
     device: str = "auto"
     kernel_backend: str | None = None
     quantization: str | None = None
+    quantized_activations: str = "int8"
     cpu_threads: int | None = None
     skip_tokenizer_init: bool = False
     block_size: int = 16
@@ -72,6 +75,10 @@ class EngineArgs:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got "
                              f"{self.quantization!r}")
+        if self.quantized_activations not in QUANTIZED_ACTIVATIONS:
+            raise ValueError(f"quantized_activations must be one of "
+                             f"{', '.join(QUANTIZED_ACTIVATIONS)}, got "
+                             f"{self.quantized_activations!r}")
         if self.grammar_cache_size < 1:
             raise ValueError(f"grammar_cache_size must be at least 1, got "
                              f"{self.grammar_cache_size!r}")
@@ -139,9 +146,15 @@ class EngineArgs:
         g.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
                        help="weight-only quantized projections: int8 (one scale per output "
                             "channel) or int4 (scale and min per 32 inputs) quantize a float "
-                            "checkpoint at load and run on torch's int8/int4 CPU matmuls; "
-                            "gguf keeps a GGUF file's own types; none: float weights. "
+                            "checkpoint at load; gguf keeps a GGUF file's own types "
+                            "(Q4_0/Q4_1/Q4_K/Q8_0 on the C block-quant kernel on CPU); none: "
+                            "float weights. "
                             "None: gguf for a GGUF file, else none")
+        g.add_argument("--quantized-activations", default="int8",
+                       choices=list(QUANTIZED_ACTIVATIONS),
+                       help="what the CPU block-quant kernel rounds each block of 32 "
+                            "activations to: int8 (as llama.cpp does) or int16 (as close "
+                            "as float32 dequantization, at about half int8's speed)")
         g.add_argument("--cpu-threads", type=int, default=None,
                        help="torch intra-op threads on the CPU (default: torch's, one per "
                             "core; on a machine shared with other busy processes fewer threads "

@@ -128,7 +128,8 @@ def _build_runner(init: WorkerInit, rdzv: Rendezvous, group, device: torch.devic
     baseline = MemorySnapshot.of(device) if device.type == "cuda" else None
     model, config = load_model(init.model_dir, dtype=args.dtype, device=device,
                                backend=args.kernel_backend, group=group,
-                               quantization=args.quantization)
+                               quantization=args.quantization,
+                               quantized_activations=args.quantized_activations)
     rank_config = shard_config(config, group.world_size)
     plan: KVPlan = pickle.loads(rdzv.get("kv_plan"))
     if plan.profile:
