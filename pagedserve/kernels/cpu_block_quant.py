@@ -14,9 +14,10 @@ block), the file's scales (float16, held exactly in float32) applied in float32.
   float32 dequantization 15 (12-19), and llama.cpp's own Q4_1 run against llama.cpp on the
   same weights in F32 16 (13-19): two engines that round differently part ways after a
   dozen tokens on this model, while the float engines agree (median 32, 486 of 518 equal).
-- int16 activations (``--quantized-activations int16``, :func:`with_activations`): 2e-5 of each output from
-  the float32 product of the dequantized weight; greedy agreement as float32 dequantization's,
-  about twice the compute of int8 (VNNI's 16-bit dot products take 2 inputs a lane).
+- int16 activations (``--quantized-activations int16``, :func:`with_activations`): 2e-5 of
+  each output from the float32 product of the dequantized weight; greedy agreement as float32
+  dequantization's, about twice the compute of int8 (VNNI's 16-bit dot products take 2 inputs
+  a lane).
 
 Both are closer than torch's int4 op, which rounds activations, scales and mins to bfloat16.
 
