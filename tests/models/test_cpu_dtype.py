@@ -13,6 +13,10 @@ from pagedserve.server.models.loader import resolve_dtype
 AVX512_ONLY = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw avx512_vnni\n"
 ZEN4 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n\nflags : ignored\n"
 SAPPHIRE_RAPIDS = "flags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile\n"
+CONFIG = ModelConfig(architecture="LlamaForCausalLM", model_type="llama", vocab_size=8,
+                     hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                     max_position_embeddings=8, torch_dtype="bfloat16")
 
 
 def test_flags_come_from_the_first_processor():
@@ -39,10 +43,7 @@ def test_native_bf16_instructions_run_bfloat16():
 def test_auto_logs_its_choice(monkeypatch, caplog):
     flags = cpu_dtype.cpu_flags(AVX512_ONLY)
     monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: flags)
-    config = ModelConfig(architecture="LlamaForCausalLM", model_type="llama", vocab_size=8,
-                         hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=4,
-                         max_position_embeddings=8, torch_dtype="bfloat16")
+    config = CONFIG
     with caplog.at_level(logging.INFO, logger="pagedserve.server.models.loader"):
         assert resolve_dtype("auto", config, torch.device("cpu")) == torch.float32
     assert "--dtype auto: torch.float32, because the CPU (" in caplog.text
@@ -54,10 +55,7 @@ def test_quantized_weights_run_float32_even_where_bfloat16_is_native(monkeypatch
     assert (quantized.dtype, quantized.reason) == (torch.float32, cpu_dtype.QUANTIZED_REASON)
     flags = cpu_dtype.cpu_flags(ZEN4)
     monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: flags)
-    config = ModelConfig(architecture="LlamaForCausalLM", model_type="llama", vocab_size=8,
-                         hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=4,
-                         max_position_embeddings=8, torch_dtype="bfloat16")
+    config = CONFIG
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", config, cpu) == torch.bfloat16
     assert resolve_dtype("auto", config, cpu, "none") == torch.bfloat16
