@@ -1,10 +1,10 @@
 """Greedy agreement with llama.cpp on the same GGUF file: for each of N prompts (lines of the
 sonnets the load generator ships), how many leading tokens pagedserve's greedy continuation
 (``--quantization gguf`` by default, offline engine) shares with llama-server's (temperature 0,
-its default settings, one slot). Both get the same prompt token ids (the file's tokenizer, as
-pagedserve's engine encodes the text) and both are compared by the token ids they generated
-(llama.cpp's ``/completion`` with ``return_tokens``), so that no tokenizer difference and no
-re-tokenization of text counts as disagreement. ``--compare text`` is the older measure: the
+its default settings, one slot). Both get the same prompt token ids (the file's tokenizer) and
+both are compared by the token ids they generated (llama.cpp's ``/completion`` with
+``return_tokens``), so that no tokenizer difference and no re-tokenization of text counts as
+disagreement. ``--compare text`` is the older measure: the
 prompt sent as text and llama.cpp's text re-tokenized.
 
     python -m benchmarks.quantized_agreement --llama-server PATH [--gguf FILE] [--prompts 50]
@@ -91,7 +91,7 @@ def median_interval(counts: list[int], draws: int = 4000, seed: int = 0) -> tupl
 
 
 def ours_greedy(model: Path, variant: str, args: argparse.Namespace,
-                prompts_: list[str]) -> list[list[int]]:
+                prompts_: list[str] | list[dict]) -> list[list[int]]:
     from pagedserve.server import LLM, SamplingParams
 
     quantization, _, activations = variant.partition(":")
@@ -125,12 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = prompts(args.prompts)
     tokenizer = load_tokenizer(str(model))
     sent = [tokenizer.encode(t) for t in texts] if args.compare == "ids" else texts
+    # In ids mode both engines get the very same prompt ids.
+    ours_prompts = [{"prompt_token_ids": ids} for ids in sent] if args.compare == "ids" else texts
     theirs = llama_greedy(Path(args.llama_server), model, sent, args.tokens, args.threads, work)
     if args.compare == "text":
         theirs = [tokenizer.encode(t, add_special_tokens=False) for t in theirs]
     results = {}
     for variant in args.variants.split(","):
-        ours = ours_greedy(model, variant, args, texts)
+        ours = ours_greedy(model, variant, args, ours_prompts)
         common = [leading_common(a, b) for a, b in zip(ours, theirs, strict=True)]
         median, (low, high) = statistics.median(common), median_interval(common)
         print(f"{variant} ({args.dtype}): {len(texts)} prompts, {args.tokens} tokens each: median "

