@@ -2,8 +2,9 @@
 
 API:
 - ``make_checkpoint(tmp_dir, family, *, seed=0, max_shard_size=None, **overrides) -> Path``
-  saves a float32 ``llama`` / ``qwen2`` / ``opt`` model (hidden 64, 2 layers, vocab 256-512,
-  GQA for llama and qwen2) with config.json + safetensors; ``overrides`` go to the family's
+  saves a float32 ``llama`` / ``qwen2`` / ``qwen3`` / ``phi3`` / ``opt`` model (hidden 64,
+  2 layers, vocab 256-512, GQA but for opt; qwen3's heads of 32 make its attention wider than
+  its hidden size) with config.json + safetensors; ``overrides`` go to the family's
   transformers config class; ``max_shard_size`` (e.g. ``"40KB"``) writes a sharded checkpoint
   with an index file.
 - ``checkpoint_fixture(family, **kwargs)`` returns a session-scoped pytest fixture building
@@ -25,7 +26,15 @@ from typing import Any
 import pytest
 import torch
 
-FAMILIES = ("llama", "qwen2", "opt")
+FAMILIES = ("llama", "qwen2", "qwen3", "phi3", "opt")
+# Llama 3.1's rope scaling, with an original context short enough that a test's positions
+# reach the interpolated frequencies.
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+# Phi-3.5's LongRoPE for a head of 16: its short factors run up to the original context of 64,
+# and the context ratio 4 scales cos and sin.
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.6, 3.3, 4.0],
+            "long_factor": [1.0, 1.5, 2.5, 4.0, 6.0, 9.0, 12.0, 16.0]}
 
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(
@@ -37,6 +46,17 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
         vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
         rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    ),
+    "qwen3": dict(
+        vocab_size=352, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    ),
+    "phi3": dict(
+        vocab_size=288, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        original_max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0,
     ),
     "opt": dict(
         vocab_size=272, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
@@ -52,6 +72,8 @@ def _config(family: str, overrides: dict[str, Any]):
     classes = {
         "llama": transformers.LlamaConfig,
         "qwen2": transformers.Qwen2Config,
+        "qwen3": transformers.Qwen3Config,
+        "phi3": transformers.Phi3Config,
         "opt": transformers.OPTConfig,
     }
     if family not in classes:

@@ -53,7 +53,8 @@ def test_not_gguf_at_all(tmp_path: Path) -> None:
 def test_an_unsupported_architecture(tmp_path: Path, llama_checkpoint: Path) -> None:
     path = write_gguf(tmp_path / "g.gguf", llama_checkpoint,
                       metadata={"general.architecture": "gemma"})
-    assert _load_error(path) == "unsupported GGUF architecture 'gemma'; supported: llama, qwen2"
+    assert _load_error(path) == (
+        "unsupported GGUF architecture 'gemma'; supported: llama, phi3, qwen2, qwen3")
 
 
 def test_missing_metadata(tmp_path: Path, llama_checkpoint: Path) -> None:

@@ -57,7 +57,7 @@ def test_unsupported_rope_type_is_named():
     with pytest.raises(ModelLoadError) as info:
         ModelConfig.from_dict(raw)
     assert str(info.value) == (
-        "unsupported rope_scaling type 'yarn'; supported: default, linear, llama3"
+        "unsupported rope_scaling type 'yarn'; supported: default, linear, llama3, longrope"
     )
 
 

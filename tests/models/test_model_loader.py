@@ -45,7 +45,7 @@ def test_unknown_architecture_names_the_supported_ones(llama_checkpoint, tmp_pat
         load_model(path)
     assert str(info.value) == (
         "unsupported architecture 'GPT2LMHeadModel'; supported: LlamaForCausalLM, "
-        "MistralForCausalLM, OPTForCausalLM, Qwen2ForCausalLM"
+        "MistralForCausalLM, OPTForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"
     )
 
 

@@ -8,6 +8,8 @@ every rank runs both on the same inputs; ``compute_logits`` returns None on rank
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 from torch import nn
 
@@ -18,6 +20,7 @@ from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import ParallelLMHead, VocabParallelEmbedding
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+FusedTensors = Mapping[str, Sequence[tuple[str, int]]]
 
 
 class CausalLM(nn.Module):
@@ -72,3 +75,10 @@ class CausalLM(nn.Module):
     def map_checkpoint_name(self, name: str) -> str | None:
         """The parameter a checkpoint tensor loads into, or None to skip it."""
         return name
+
+    @staticmethod
+    def fused_tensors(config: ModelConfig) -> FusedTensors:
+        """The checkpoint projections this family stores stacked in one tensor: the fused
+        module's name → (part name, rows) in stacking order. The loader splits such a tensor
+        into its parts, which load as the separate projections' would."""
+        return {}

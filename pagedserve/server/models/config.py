@@ -7,6 +7,7 @@ Both spellings that transformers has written are read: ``torch_dtype`` / ``dtype
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ DTYPES: dict[str, torch.dtype] = {
     "half": torch.float16,
     "fp16": torch.float16,
 }
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 # PretrainedConfig ties embeddings unless a family's config class says otherwise; OPT keeps the
 # base default, the Llama-style families set False.
 _TIED_BY_DEFAULT = frozenset({"opt"})
@@ -91,10 +92,14 @@ class ModelConfig:
     @property
     def max_model_len(self) -> int:
         """The longest sequence this engine computes exactly: sliding-window attention is not
-        implemented, so a windowed model stops at its window."""
+        implemented, so a windowed model stops at its window; LongRoPE runs its short factors
+        only, so such a model stops at its original context."""
+        limit = self.max_position_embeddings
         if self.sliding_window is not None:
-            return min(self.max_position_embeddings, self.sliding_window)
-        return self.max_position_embeddings
+            limit = min(limit, self.sliding_window)
+        if self.rope_scaling is not None and self.rope_scaling["rope_type"] == "longrope":
+            limit = min(limit, int(self.rope_scaling["original_max_position_embeddings"]))
+        return limit
 
     def bytes_per_block(self, block_size: int, dtype: str | torch.dtype) -> int:
         """Bytes of K and V, all layers, for one block of ``block_size`` tokens."""
@@ -172,6 +177,14 @@ def _rope(raw: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     params = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
     theta = float(raw.get("rope_theta") or params.pop("rope_theta", None) or 10000.0)
     params.pop("rope_theta", None)
+    partial = float(raw.get("partial_rotary_factor") or params.pop("partial_rotary_factor", None)
+                    or 1.0)
+    params.pop("partial_rotary_factor", None)
+    if partial != 1.0:
+        raise ModelLoadError(
+            f"partial rotary embeddings (partial_rotary_factor {partial}) are not supported; "
+            f"supported: rotary embeddings over the whole head"
+        )
     rope_type = params.pop("rope_type", params.pop("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ModelLoadError(
@@ -179,7 +192,25 @@ def _rope(raw: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
         )
     if rope_type == "default":
         return theta, None
+    if rope_type == "longrope":
+        params = _longrope(raw, params)
     return theta, {"rope_type": rope_type, **params}
+
+
+def _longrope(raw: Mapping[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """LongRoPE's parameters with its cos/sin scale filled in as transformers computes it
+    (from the ratio of the context lengths when no ``factor`` is given)."""
+    original = params.get("original_max_position_embeddings",
+                          raw.get("original_max_position_embeddings"))
+    if not original or "short_factor" not in params:
+        raise ModelLoadError("rope_scaling of type 'longrope' needs 'short_factor' and "
+                             "'original_max_position_embeddings'")
+    params["original_max_position_embeddings"] = int(original)
+    if params.get("attention_factor") is None:
+        factor = params.get("factor") or (raw.get("max_position_embeddings") or 0) / original
+        params["attention_factor"] = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original)))
+    return params
 
 
 def _token_ids(value: Any) -> list[int]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pagedserve.common.gguf_file import GGUFFileError, metadata_value, required_value
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
@@ -18,11 +20,16 @@ from pagedserve.server.models.errors import ModelLoadError
 GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "phi3": ("Phi3ForCausalLM", "phi3"),
 }
 OUTPUT_TENSOR = "output.weight"
 EMBEDDING_TENSOR = "token_embd.weight"
-# llama.cpp's Llama 3.1 scaling ships per-frequency divisors as a tensor, not parameters.
+# llama.cpp ships rope scaling that is not a formula as per-frequency divisors in tensors:
+# Llama 3.1's in one, LongRoPE's (Phi-3) in two, one per context range.
 ROPE_FACTORS_TENSOR = "rope_freqs.weight"
+LONGROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+ROPE_TENSORS = frozenset({ROPE_FACTORS_TENSOR, *LONGROPE_TENSORS})
 # general.file_type → the checkpoint dtype the weights were converted from; quantized files
 # dequantize to bfloat16 on accelerators (float16 where bfloat16 is missing).
 _FILE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}
@@ -44,11 +51,6 @@ def gguf_config_dict(reader: Any) -> dict[str, Any]:
     arch = gguf_architecture(reader)
     architecture, model_type = GGUF_ARCHITECTURES[arch]
     tensor_names = {t.name for t in reader.tensors}
-    if ROPE_FACTORS_TENSOR in tensor_names:
-        raise ModelLoadError(
-            f"GGUF tensor {ROPE_FACTORS_TENSOR!r} (llama.cpp's Llama 3.1 rope scaling) is not "
-            f"supported; serve the Hugging Face checkpoint instead"
-        )
 
     def get(key: str, default: Any = None) -> Any:
         return metadata_value(reader, f"{arch}.{key}", default)
@@ -69,7 +71,7 @@ def gguf_config_dict(reader: Any) -> dict[str, Any]:
         "num_key_value_heads": get("attention.head_count_kv", heads),
         "max_position_embeddings": need("context_length"),
         "rope_theta": float(get("rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(get),
+        "rope_scaling": _rope_scaling(reader, get),
         "rms_norm_eps": float(need("attention.layer_norm_rms_epsilon")),
         "hidden_act": "silu",
         "tie_word_embeddings": OUTPUT_TENSOR not in tensor_names,
@@ -84,6 +86,9 @@ def gguf_config_dict(reader: Any) -> dict[str, Any]:
     key_length = get("attention.key_length")
     if key_length is not None:
         raw["head_dim"] = key_length
+    # phi3 files write 0 for "no window".
+    raw["sliding_window"] = get("attention.sliding_window") or None
+    raw["partial_rotary_factor"] = _rotary_fraction(get, key_length, hidden, heads)
     return raw
 
 
@@ -118,7 +123,31 @@ def _check_vocabulary(reader: Any, vocab_size: Any) -> None:
         )
 
 
-def _rope_scaling(get: Any) -> dict[str, Any] | None:
+def _rotary_fraction(get: Any, key_length: Any, hidden: Any, heads: Any) -> float:
+    """The share of each head that is rotated (``rope.dimension_count`` over the head size)."""
+    head_dim = key_length or (hidden // heads if isinstance(hidden, int) and heads else None)
+    rotated = get("rope.dimension_count")
+    if not rotated or not head_dim:
+        return 1.0
+    return rotated / head_dim
+
+
+def _factor_tensor(reader: Any, name: str) -> list[float] | None:
+    for tensor in reader.tensors:
+        if tensor.name == name:
+            return [float(x) for x in np.asarray(tensor.data, dtype=np.float32).reshape(-1)]
+    return None
+
+
+def _rope_scaling(reader: Any, get: Any) -> dict[str, Any] | None:
+    frequency_factors = _factor_tensor(reader, ROPE_FACTORS_TENSOR)
+    if frequency_factors is not None:
+        return {"rope_type": "llama3", "frequency_factors": frequency_factors}
+    short, long = (_factor_tensor(reader, name) for name in LONGROPE_TENSORS)
+    if short is not None:
+        return {"rope_type": "longrope", "short_factor": short, "long_factor": long,
+                "original_max_position_embeddings": get("rope.scaling.original_context_length"),
+                "attention_factor": get("rope.scaling.attn_factor")}
     kind = get("rope.scaling.type", "none")
     if kind == "none":
         return None

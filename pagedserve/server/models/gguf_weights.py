@@ -26,6 +26,9 @@ import torch
 
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.fused_weights import split_fused
+from pagedserve.server.models.gguf_config import ROPE_TENSORS
+from pagedserve.server.models.registry import get_model_class
 
 # llama.cpp tensor name (after "blk.N.") → Hugging Face name (after "model.layers.N.")
 _LAYER_NAMES = {
@@ -38,7 +41,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",
 }
+# Where an architecture's file uses a name for another module: Phi-3's ffn_up stacks gate
+# and up, as its checkpoint's gate_up_proj does.
+_ARCH_LAYER_NAMES = {"Phi3ForCausalLM": {"ffn_up": "mlp.gate_up_proj"}}
 _TOP_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -50,13 +59,14 @@ _TOP = re.compile(r"(\w+)\.(weight|bias)")
 _ROPE_PERMUTED = frozenset({"LlamaForCausalLM"})
 
 
-def hf_name(gguf_name: str) -> str:
+def hf_name(gguf_name: str, architecture: str = "") -> str:
     """The Hugging Face name of a llama.cpp tensor name; an unknown name comes back as is
     (and the loader reports it as unexpected)."""
     match = _LAYER.fullmatch(gguf_name)
-    if match and match.group(2) in _LAYER_NAMES:
+    names = _LAYER_NAMES | _ARCH_LAYER_NAMES.get(architecture, {})
+    if match and match.group(2) in names:
         layer, part, kind = match.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+        return f"model.layers.{layer}.{names[part]}.{kind}"
     match = _TOP.fullmatch(gguf_name)
     if match and match.group(1) in _TOP_NAMES:
         return f"{_TOP_NAMES[match.group(1)]}.{match.group(2)}"
@@ -87,6 +97,15 @@ class GGUFTensor:
 
     def get_shape(self) -> tuple[int, ...]:
         return self.shape
+
+    def rows(self, name: str, start: int, size: int) -> GGUFTensor:
+        """Rows ``start : start + size`` under the Hugging Face ``name`` of the part they
+        hold; rows of quantized blocks stay raw."""
+        if self.row_order is not None:
+            raise ModelLoadError(f"GGUF tensor {self.gguf_name!r} is stored rope-permuted and "
+                                 f"cannot be split into {name!r}")
+        return GGUFTensor(name, self.gguf_name, self.tensor_type,
+                          self.data[start : start + size], (size, *self.shape[1:]))
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         # A TensorSource: a tensor-parallel rank slices the dequantized tensor.
@@ -144,16 +163,27 @@ def check_tensor_types(reader: Any) -> None:
         checked.add(kind)
 
 
-def gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[GGUFTensor]:
-    """Every tensor of the file, unread: the hook a quantized loader takes raw blocks from."""
+def _stored_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, GGUFTensor]]:
     for tensor in reader.tensors:
-        name = hf_name(tensor.name)
+        if tensor.name in ROPE_TENSORS:
+            continue  # read into the config's rope scaling
+        name = hf_name(tensor.name, config.architecture)
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         heads = _permuted_heads(config, name)
         order = None
         if heads is not None and shape and shape[0] == heads * config.head_dim:
             order = hf_row_order(shape[0], heads)
-        yield GGUFTensor(name, tensor.name, tensor.tensor_type, tensor.data, shape, order)
+        yield name, GGUFTensor(name, tensor.name, tensor.tensor_type, tensor.data, shape, order)
+
+
+def gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[GGUFTensor]:
+    """Every weight of the file, unread, a fused one split into its parts: the hook a
+    quantized loader takes raw blocks from."""
+    fused = get_model_class(config.architecture).fused_tensors(config)
+    parts = split_fused(_stored_tensors(reader, config), fused, config.architecture,
+                        cut=lambda name, tensor, start, size: tensor.rows(name, start, size))
+    for _, tensor in parts:
+        yield tensor
 
 
 def gguf_weights(reader: Any, config: ModelConfig) -> Iterator[tuple[str, GGUFTensor]]:

@@ -88,10 +88,34 @@ def rope_inv_freq(
     inv_freq = 1.0 / (theta**exponents)
     if scaling is None:
         return inv_freq
+    kind = scaling["rope_type"]
+    if kind == "longrope":
+        # The short factors: the engine stops at the original context (ModelConfig).
+        return 1.0 / (_factors(scaling, "short_factor", inv_freq) * theta**exponents)
+    if "frequency_factors" in scaling:
+        # A GGUF file's llama3 scaling: llama.cpp's converter stores each frequency's divisor.
+        return inv_freq / _factors(scaling, "frequency_factors", inv_freq)
     factor = float(_rope_param(scaling, "factor"))
-    if scaling["rope_type"] == "linear":
+    if kind == "linear":
         return inv_freq / factor
     return _llama3_inv_freq(inv_freq, factor, scaling)
+
+
+def rope_attention_scaling(scaling: Mapping[str, Any] | None) -> float:
+    """The factor LongRoPE multiplies cos and sin by (1 for the other kinds)."""
+    if scaling is None or scaling["rope_type"] != "longrope":
+        return 1.0
+    return float(scaling.get("attention_factor", 1.0))
+
+
+def _factors(scaling: Mapping[str, Any], key: str, inv_freq: torch.Tensor) -> torch.Tensor:
+    factors = torch.tensor(_rope_param(scaling, key), dtype=torch.float32, device="cpu")
+    if factors.shape != inv_freq.shape:
+        raise ModelLoadError(
+            f"rope_scaling {key!r} has {factors.numel()} values; the head dimension has "
+            f"{inv_freq.numel()} frequencies"
+        )
+    return factors
 
 
 def _rope_param(scaling: Mapping[str, Any], key: str) -> Any:
@@ -124,7 +148,10 @@ class RotaryEmbedding(nn.Module):
         # Created on the CPU explicitly so that a model built on the meta device keeps real
         # frequencies; the loader moves buffers to the target device.
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, theta, scaling), persistent=False)
+        self.attention_scaling = rope_attention_scaling(scaling)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
-        return freqs.cos(), freqs.sin()
+        if self.attention_scaling == 1.0:
+            return freqs.cos(), freqs.sin()
+        return freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling

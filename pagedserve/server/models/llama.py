@@ -1,6 +1,10 @@
-"""Llama (and Mistral without its sliding window): GQA, RoPE, RMSNorm, SwiGLU."""
+"""Llama (and Mistral without its sliding window): GQA, RoPE, RMSNorm, SwiGLU. The shared
+decoder layer of the Llama-layout families, which declare what differs in a ``DecoderLayout``
+(``qwen2.py``, ``qwen3.py``, ``phi3.py``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,25 +23,45 @@ from pagedserve.server.models.parallel_layers import (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class DecoderLayout:
+    """What a Llama-layout family changes on the shared decoder layer."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # an RMSNorm over each query and key head before RoPE (Qwen3)
+
+
 class LlamaAttention(nn.Module):
     """This rank's query heads and KV head(s): QKV split by heads, o_proj by rows."""
 
     def __init__(
-        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool,
+        self, config: ModelConfig, ops: KernelOps, layout: DecoderLayout,
         group: TensorParallelGroup,
     ) -> None:
         super().__init__()
         self.head_dim = d = config.head_dim
         self.qkv_proj = qkv_parallel_linear(
             config.hidden_size, d, config.num_attention_heads, config.num_key_value_heads,
-            qkv_bias, group,
+            layout.qkv_bias, group,
         )
         self.sizes = self.qkv_proj.output_sizes
         self.num_heads, self.num_kv_heads = self.sizes[0] // d, self.sizes[1] // d
         self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
-                                        o_bias, group)
+                                        layout.o_bias, group)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, d, d**-0.5, ops)
         self.rotary_ = ops.rotary_
+        self.qk_norm = layout.qk_norm
+        if layout.qk_norm:
+            self.q_norm = RMSNorm(d, config.norm_eps, ops)
+            self.k_norm = RMSNorm(d, config.norm_eps, ops)
+
+    def _norm_heads_(self, qkv: torch.Tensor) -> None:
+        """Normalises each query and key head of qkv [T, (H + 2 Hkv) D] in place."""
+        q_end = self.sizes[0]
+        k_end = q_end + self.sizes[1]
+        for rows, norm in ((qkv[:, :q_end], self.q_norm), (qkv[:, q_end:k_end], self.k_norm)):
+            rows.copy_(norm(rows.reshape(-1, self.head_dim)).view(rows.shape))
 
     def forward(
         self,
@@ -48,6 +72,8 @@ class LlamaAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
+        if self.qk_norm:
+            self._norm_heads_(qkv)
         self.rotary_(qkv, self.num_heads + self.num_kv_heads, cos, sin)  # q and k, in place
         q, k, v = qkv.split(self.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
@@ -59,12 +85,12 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool,
+        self, config: ModelConfig, ops: KernelOps, layout: DecoderLayout,
         group: TensorParallelGroup,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.norm_eps, ops)
-        self.self_attn = LlamaAttention(config, ops, qkv_bias, o_bias, group)
+        self.self_attn = LlamaAttention(config, ops, layout, group)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.norm_eps, ops)
         self.mlp = GatedMLP(
             config.hidden_size, config.intermediate_size, config.hidden_act,
@@ -95,13 +121,13 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(
-        self, config: ModelConfig, ops: KernelOps, qkv_bias: bool, o_bias: bool,
+        self, config: ModelConfig, ops: KernelOps, layout: DecoderLayout,
         group: TensorParallelGroup,
     ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, ops, qkv_bias, o_bias, group)
+            LlamaDecoderLayer(config, ops, layout, group)
             for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.norm_eps, ops)
@@ -126,16 +152,14 @@ class LlamaForCausalLM(CausalLM):
     def __init__(self, config: ModelConfig, kernel_ops: KernelOps,
                  group: TensorParallelGroup | None = None) -> None:
         super().__init__(config, kernel_ops, group)
-        qkv_bias, o_bias = self.attention_biases(config)
-        self.model = LlamaModel(config, kernel_ops, qkv_bias, o_bias, self.group)
+        self.model = LlamaModel(config, kernel_ops, self.layout(config), self.group)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.group)
         self.tie_embeddings(self.model.embed_tokens)
 
     @staticmethod
-    def attention_biases(config: ModelConfig) -> tuple[bool, bool]:
-        """(q/k/v bias, output-projection bias)."""
+    def layout(config: ModelConfig) -> DecoderLayout:
         bias = bool(config.hf_config.get("attention_bias", False))
-        return bias, bias
+        return DecoderLayout(qkv_bias=bias, o_bias=bias)
 
     def map_checkpoint_name(self, name: str) -> str | None:
         # Older exports saved the rotary table; it is derived from the config here.

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.llama import LlamaForCausalLM
+from pagedserve.server.models.llama import DecoderLayout, LlamaForCausalLM
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):
     @staticmethod
-    def attention_biases(config: ModelConfig) -> tuple[bool, bool]:
-        return True, False
+    def layout(config: ModelConfig) -> DecoderLayout:
+        return DecoderLayout(qkv_bias=True)

@@ -6,13 +6,17 @@ from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.llama import LlamaForCausalLM
 from pagedserve.server.models.opt import OPTForCausalLM
+from pagedserve.server.models.phi3 import Phi3ForCausalLM
 from pagedserve.server.models.qwen2 import Qwen2ForCausalLM
+from pagedserve.server.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     # Mistral is Llama's layout; its sliding window is honoured by capping max_model_len.
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "OPTForCausalLM": OPTForCausalLM,
 }
 

@@ -14,8 +14,10 @@ import torch
 from pagedserve.common.gguf_file import GGUF_SUFFIX, GGUFFileError, is_gguf_file, open_gguf
 from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.fused_weights import split_fused
 from pagedserve.server.models.gguf_config import gguf_model_config
 from pagedserve.server.models.gguf_weights import gguf_weights
+from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.weight_slot import TensorSource
 from pagedserve.server.models.weights import checkpoint_files, iterate_weights
 
@@ -52,5 +54,6 @@ def model_weights(
     """(Hugging Face name, unread tensor) for every tensor of the source."""
     path = check_model_path(model_path)
     if path.is_dir():
-        return iterate_weights(checkpoint_files(path))
+        fused = get_model_class(config.architecture).fused_tensors(config)
+        return split_fused(iterate_weights(checkpoint_files(path)), fused, config.architecture)
     return gguf_weights(open_gguf_model(path), config)
