@@ -1,12 +1,13 @@
 """Tiny seeded random Hugging Face checkpoints for tests (transformers is a test dependency).
 
 API:
-- ``make_checkpoint(tmp_dir, family, *, seed=0, max_shard_size=None, **overrides) -> Path``
+- ``make_checkpoint(tmp_dir, family, *, seed=0, max_shard_size=None, round_to=None,
+  **overrides) -> Path``
   saves a float32 ``llama`` / ``qwen2`` / ``qwen3`` / ``phi3`` / ``opt`` model (hidden 64,
   2 layers, vocab 256-512, GQA but for opt; qwen3's heads of 32 make its attention wider than
   its hidden size) with config.json + safetensors; ``overrides`` go to the family's
   transformers config class; ``max_shard_size`` (e.g. ``"40KB"``) writes a sharded checkpoint
-  with an index file.
+  with an index file; ``round_to=torch.float16`` draws weights that float16 holds exactly.
 - ``checkpoint_fixture(family, **kwargs)`` returns a session-scoped pytest fixture building
   one such checkpoint once per run. Reuse it in any test module or conftest:
   ``llama_checkpoint = checkpoint_fixture("llama")``.
@@ -81,7 +82,7 @@ def _config(family: str, overrides: dict[str, Any]):
     return classes[family](**{**_DEFAULTS[family], **overrides})
 
 
-def _randomize(model: torch.nn.Module, seed: int) -> None:
+def _randomize(model: torch.nn.Module, seed: int, round_to: torch.dtype | None) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -89,7 +90,8 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
             # Norm gains around 1; everything else wide enough that attention is not uniform
             # and greedy tokens have clear margins.
             is_gain = "norm" in name and name.endswith("weight")
-            param.copy_(1.0 + 0.1 * noise if is_gain else 0.1 * noise)
+            value = 1.0 + 0.1 * noise if is_gain else 0.1 * noise
+            param.copy_(value if round_to is None else value.to(round_to).float())
 
 
 def make_checkpoint(
@@ -98,15 +100,18 @@ def make_checkpoint(
     *,
     seed: int = 0,
     max_shard_size: str | None = None,
+    round_to: torch.dtype | None = None,
     **overrides: Any,
 ) -> Path:
-    """Writes a random ``family`` checkpoint into ``tmp_dir`` (created if needed); returns it."""
+    """Writes a random ``family`` checkpoint into ``tmp_dir`` (created if needed); returns it.
+    With ``round_to`` (torch.float16 or torch.bfloat16) every weight is a value of that type,
+    stored as float32: a converter writing that type then loses nothing."""
     import transformers
 
     config = _config(family, overrides)
     torch.manual_seed(seed)  # transformers' own init draws from the global generator
     model = transformers.AutoModelForCausalLM.from_config(config).float()
-    _randomize(model, seed)
+    _randomize(model, seed, round_to)
     path = Path(tmp_dir)
     path.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {}
