@@ -13,6 +13,8 @@ API:
   ``reshape`` maps a GGUF tensor name to the shape it is written with, ``dtypes`` to a numpy
   dtype it is written in unquantized (``np.float64`` gives an F64 tensor).
 - ``truncate(path, keep)`` cuts a file to its first ``keep`` bytes.
+- ``set_number(path, key, value)`` rewrites a numeric metadata value in place (as ``gguf``'s
+  ``gguf_set_metadata`` does), e.g. to make a file's metadata disagree with its tensors.
 """
 
 from __future__ import annotations
@@ -186,4 +188,14 @@ def write_gguf(
 def truncate(path: str | Path, keep: int) -> Path:
     data = Path(path).read_bytes()[:keep]
     Path(path).write_bytes(data)
+    return Path(path)
+
+
+def set_number(path: str | Path, key: str, value: int | float) -> Path:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path, "r+")
+    field = reader.fields[key]
+    field.parts[field.data[0]][0] = value
+    reader.data.flush()
     return Path(path)

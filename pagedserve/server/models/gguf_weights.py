@@ -141,25 +141,34 @@ def _permuted_heads(config: ModelConfig, name: str) -> int | None:
     return None
 
 
-def check_tensor_types(reader: Any) -> None:
-    """Refuses, before anything is loaded, a tensor type ``gguf`` cannot dequantize, naming
-    the first tensor of that type."""
+def _dequantizes(kind: Any) -> bool:
     from gguf import GGML_QUANT_SIZES
     from gguf.quants import dequantize
+
+    _, size = GGML_QUANT_SIZES.get(kind, (1, 1))
+    try:
+        dequantize(np.zeros((1, size), dtype=np.uint8), kind)
+    except (NotImplementedError, ValueError):
+        return False
+    return True
+
+
+def check_tensor_types(reader: Any) -> None:
+    """Refuses, before anything is loaded, a tensor type ``gguf`` cannot dequantize, naming
+    the first tensor of that type and the types that load."""
+    from gguf import GGMLQuantizationType
 
     checked: set[Any] = set()
     for tensor in reader.tensors:
         kind = tensor.tensor_type
         if kind in checked:
             continue
-        _, size = GGML_QUANT_SIZES.get(kind, (1, 1))
-        try:
-            dequantize(np.zeros((1, size), dtype=np.uint8), kind)
-        except (NotImplementedError, ValueError) as exc:
+        if not _dequantizes(kind):
+            readable = [t.name for t in GGMLQuantizationType if _dequantizes(t)]
             raise ModelLoadError(
                 f"GGUF tensor {tensor.name!r} has type {kind.name}, which cannot be "
-                f"dequantized ({exc})"
-            ) from exc
+                f"dequantized; supported: {', '.join(readable)}"
+            )
         checked.add(kind)
 
 

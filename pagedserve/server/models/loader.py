@@ -1,8 +1,9 @@
 """``load_model``: a checkpoint directory (config.json + safetensors) or a GGUF file → a model
 on the device, ready for inference (``source.py`` reads either).
 
-The model is built on the meta device (no memory, no random init), its parameters are then
-allocated once in the target dtype and device, and the checkpoint is copied in.
+The model is built on the meta device (no memory, no random init), the checkpoint's names,
+shapes and tensor types are checked against it, its parameters are then allocated once in the
+target dtype and device, and the checkpoint is copied in.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pagedserve.server.models.quantized_linear import (
 )
 from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.source import check_model_path, load_config, model_weights
-from pagedserve.server.models.weights import load_weights
+from pagedserve.server.models.weights import check_weights, load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +116,10 @@ def load_model(
         raise ModelLoadError(str(exc)) from None
     with torch.device("meta"):
         model = model_class(config, ops, group)
-    materialize(model, run_dtype, device)
     report = QuantizationReport()
     try:
+        check_weights(model, model_weights(model_dir, config), str(model_dir))
+        materialize(model, run_dtype, device)
         load_weights(model, model_weights(model_dir, config), str(model_dir))
         if quantization == "gguf":
             report.kernels = keep_gguf_types(model, model_dir, config, kernels)

@@ -84,11 +84,26 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def check_weights(
+    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor | TensorSource]], source: str
+) -> None:
+    """Every check ``load_weights`` makes, reading no tensor: run on the model built on the
+    meta device, it refuses a bad checkpoint before any memory is allocated."""
+    _place(model, weights, source, load=False)
+
+
 def load_weights(
     model: CausalLM, weights: Iterable[tuple[str, torch.Tensor | TensorSource]], source: str
 ) -> None:
     """Copies every checkpoint tensor, or the part of it this rank holds, into its slot
     (casting to the parameter's dtype)."""
+    _place(model, weights, source, load=True)
+
+
+def _place(
+    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor | TensorSource]], source: str,
+    load: bool,
+) -> None:
     slots, aliases = weight_slots(model)
     architecture = type(model).__name__
     loaded: set[str] = set()
@@ -109,7 +124,8 @@ def load_weights(
                 f"checkpoint {source} weight {name!r} has shape {list(shape)}, "
                 f"{architecture} expects {list(slot.shape())}"
             )
-        slot.load(tensor)
+        if load:
+            slot.load(tensor)
         loaded.add(target)
     if unexpected:
         raise ModelLoadError(
