@@ -6,6 +6,8 @@ greedy continuations as the oracle.
   vocabulary split pads; tied embeddings.
 - ``qwen2``: one KV head, q/k/v biases; saved in several safetensors shards with an index.
 - ``opt``: multi-head attention, biases everywhere, embeddings narrower than the hidden size.
+- ``qwen3``: per-head q/k norms on each rank's heads, heads wider than the hidden size.
+- ``phi3``: q/k/v and gate/up stacked in one tensor each, split into parts, then by rank.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ CHECKPOINTS = {
                             "tie_word_embeddings": True}),
     "qwen2": ("qwen2", {"max_shard_size": "40KB"}),
     "opt": ("opt", {"word_embed_proj_dim": 32}),
+    "qwen3": ("qwen3", {}),
+    "phi3": ("phi3", {}),
 }
 
 

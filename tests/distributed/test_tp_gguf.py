@@ -1,6 +1,7 @@
 """A GGUF file split over two ranks: each rank dequantizes its shard of every tensor (Q/K rows
-restored before the split), and the ranks decode the tokens of one rank, through the thread
-ranks and through the engine's worker processes (``-tp 2``)."""
+restored before the split; a llama.cpp Phi-3 file's stacked q/k/v and gate/up split into their
+parts first), and the ranks decode the tokens of one rank, through the thread ranks and
+through the engine's worker processes (``-tp 2``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from pagedserve.server import LLM, SamplingParams
 from tests.checkpoints import make_checkpoint
 from tests.distributed.thread_ranks import greedy_on_ranks
 from tests.gguf_files import write_gguf
+from tests.llama_cpp_files import llama_cpp_files_fixture
 
 NEW_TOKENS = 16
 # name → (family, overrides): GQA with one KV head per rank; one KV head replicated, biases.
 FILES = {"llama": ("llama", {}), "qwen2": ("qwen2", {})}
+llama_cpp_files = llama_cpp_files_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +42,12 @@ def test_two_thread_ranks_match_one(gguf_files: dict[str, Path], name: str) -> N
     prompts = _prompts(320)
     one = greedy_on_ranks(gguf_files[name], prompts, NEW_TOKENS, world_size=1)
     assert greedy_on_ranks(gguf_files[name], prompts, NEW_TOKENS, world_size=2) == one
+
+
+def test_a_llama_cpp_phi3_file_on_two_thread_ranks(llama_cpp_files: dict[str, Path]) -> None:
+    path, prompts = llama_cpp_files["phi3-F16.gguf"], _prompts(288)
+    one = greedy_on_ranks(path, prompts, NEW_TOKENS, world_size=1)
+    assert greedy_on_ranks(path, prompts, NEW_TOKENS, world_size=2) == one
 
 
 def test_two_worker_processes_match_one_rank(gguf_files: dict[str, Path]) -> None:
