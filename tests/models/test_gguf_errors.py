@@ -184,3 +184,12 @@ def test_the_cli_prints_a_shape_error_in_one_line(llama_cpp_files, tmp_path: Pat
     assert err == (f"pagedserve serve: cannot start the engine: checkpoint {path} weight "
                    f"'model.layers.0.self_attn.o_proj.weight' has shape [256, 256], "
                    f"LlamaForCausalLM expects [256, 512]\n")
+
+
+def test_a_partial_rotary_embedding_is_refused(llama_cpp_files, tmp_path: Path,
+                                               no_allocation: None) -> None:
+    path = set_number(_llama_cpp_copy(llama_cpp_files, "phi3-F16.gguf", tmp_path),
+                      "phi3.rope.dimension_count", 12)
+    assert _load_error(path) == (
+        "partial rotary embeddings (partial_rotary_factor 0.75) are not supported; supported: "
+        "rotary embeddings over the whole head")

@@ -61,6 +61,27 @@ def test_unsupported_rope_type_is_named():
     )
 
 
+def test_longrope_fills_in_its_cos_sin_scale_and_caps_the_context():
+    phi3 = {**LLAMA_JSON, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+            "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "su", "short_factor": [1.0] * 16,
+                             "long_factor": [2.0] * 16}}
+    config = ModelConfig.from_dict(phi3)
+    assert config.rope_scaling["rope_type"] == "longrope"
+    assert config.rope_scaling["attention_factor"] == math.sqrt(1 + math.log(32) / math.log(4096))
+    assert config.max_model_len == 4096
+
+
+def test_partial_rotary_embeddings_are_refused():
+    phi4_mini = {**LLAMA_JSON, "rope_parameters": {"rope_type": "default",
+                                                   "partial_rotary_factor": 0.75}}
+    with pytest.raises(ModelLoadError) as info:
+        ModelConfig.from_dict(phi4_mini)
+    assert str(info.value) == (
+        "partial rotary embeddings (partial_rotary_factor 0.75) are not supported; supported: "
+        "rotary embeddings over the whole head")
+
+
 def test_opt_fields_and_default_tied_embeddings():
     raw = {"architectures": ["OPTForCausalLM"], "model_type": "opt", "vocab_size": 50272,
            "hidden_size": 768, "ffn_dim": 3072, "num_hidden_layers": 12,

@@ -28,6 +28,8 @@ DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
 }
 ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+# Phi-3's first 128k checkpoints named LongRoPE "su".
+_ROPE_ALIASES = {"su": "longrope"}
 # PretrainedConfig ties embeddings unless a family's config class says otherwise; OPT keeps the
 # base default, the Llama-style families set False.
 _TIED_BY_DEFAULT = frozenset({"opt"})
@@ -186,6 +188,7 @@ def _rope(raw: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
             f"supported: rotary embeddings over the whole head"
         )
     rope_type = params.pop("rope_type", params.pop("type", "default"))
+    rope_type = _ROPE_ALIASES.get(rope_type, rope_type)
     if rope_type not in ROPE_TYPES:
         raise ModelLoadError(
             f"unsupported rope_scaling type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}"
