@@ -3,7 +3,10 @@
 The metadata is translated into the config.json keys transformers would write, so the one
 ``ModelConfig.from_dict`` builds both sources' configs: a GGUF model and its Hugging Face
 checkpoint get equal configs. The embedding is tied to the output when the file has no
-``output.weight`` (llama.cpp's converter drops the copy).
+``output.weight`` (llama.cpp's converter drops the copy). Rope scaling that llama.cpp stores as
+tensors (Llama 3.1's ``rope_freqs``, LongRoPE's short and long factors) is read into the config
+too; the rotary share of each head (``rope.dimension_count``) becomes
+``partial_rotary_factor``, refused unless it is 1.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ only full copy of the model is its parameters), and a quantized layer's slot (fr
 llama.cpp's converter reorders the rows of a Llama model's Q and K projections, within each
 head, from the two rotated halves of Hugging Face's rotary layout to interleaved pairs (the
 layout its own rope kernel reads). Row ``(head, i, half)`` of the file is row ``(head, half,
-i)`` of the checkpoint (biases too); ``hf_row_order`` inverts it. Qwen2 files are converted
-unpermuted.
+i)`` of the checkpoint (biases too); ``hf_row_order`` inverts it. Qwen2, Qwen3 and Phi-3
+files are converted unpermuted. A family's stacked tensors (Phi-3's ``attn_qkv``, ``ffn_up``)
+are split into their parts as rows of raw blocks (``fused_weights.py``).
 """
 
 from __future__ import annotations
