@@ -103,6 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. http://collector:4318/v1/traces); None: no tracing")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
+    g.add_argument("--disable-web-ui", action="store_true",
+                   help="serve no web page at / and no engine state at /engine/state")
     g.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
                    help="how tool calls are read from the model's text under tool_choice "
                         "auto (hermes: <tool_call>{JSON}</tool_call>, Hermes and Qwen models)")
@@ -131,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         forwarded_allow_ips=parse_allow_ips(args.forwarded_allow_ips),
         forwarded_header=args.forwarded_header,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
+        web_ui=not args.disable_web_ui,
     )
 
 

@@ -34,6 +34,7 @@ from pagedserve.server.api.errors import (
     shutting_down,
 )
 from pagedserve.server.api.forwarded import TrustedProxies
+from pagedserve.server.api.web.paths import is_page_path
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 # The request's tenant (``key:N`` for the N-th API key, else ``addr:`` and its source
@@ -84,7 +85,8 @@ class Admission:
             return await _serve_probe(request, handler, refusal)
         if request.path in OPEN_PATHS:
             return await handler(request)
-        key = self._check_api_key(request)
+        # The page's own files hold no secret: it loads without a key and then asks for one.
+        key = None if is_page_path(request.path) else self._check_api_key(request)
         if self.draining:
             raise shutting_down()
         address = self.proxies.client_address(request)
