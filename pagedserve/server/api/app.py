@@ -78,7 +78,7 @@ def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> we
     app.on_response_prepare.append(_count_response)
     _add_routes(app.router)
     if config.web_ui:
-        add_web_ui(app.router)
+        add_web_ui(app.router, lambda: app[ENGINE_KEY].snapshot(), names[0])
     return app
 
 

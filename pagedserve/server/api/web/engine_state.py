@@ -1,4 +1,4 @@
-"""``GET /engine/state``: the engine's latest snapshot (``EngineSnapshot``) as JSON.
+"""The body of ``GET /engine/state``: the engine's latest snapshot (``EngineSnapshot``).
 
 The handler only reads the snapshot the step loop published; it never waits for a step. The
 block grid comes as one digit per cell (``BlockState``: 0 free, 1 cached and evictable,
@@ -11,10 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from aiohttp import web
 
-from pagedserve.server.api.jsonio import json_response
-from pagedserve.server.api.state import ENGINE_KEY, MODEL_NAMES_KEY
 from pagedserve.server.engine.engine_snapshot import BlockState
 
 if TYPE_CHECKING:
@@ -22,11 +19,6 @@ if TYPE_CHECKING:
 
 MAX_CELLS = 4096
 _DIGITS = bytes.maketrans(bytes(range(4)), b"0123")
-
-
-async def engine_state(request: web.Request) -> web.Response:
-    snapshot = request.app[ENGINE_KEY].snapshot()
-    return json_response(state_body(snapshot, request.app[MODEL_NAMES_KEY][0]))
 
 
 def state_body(snapshot: EngineSnapshot, model: str) -> dict[str, Any]:
