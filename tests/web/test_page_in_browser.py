@@ -1,10 +1,13 @@
-"""The web page in a real browser (headless chromium) on the real default model behind an
+"""The web pages in a real browser (headless chromium), on the real default model behind an
 API key: the page asks for the key once per tab, a chat message streams the model's answer,
 and the KV block grid fills while long requests run (with blocks shared through the prefix
-cache) and holds no block in use after them. Screenshots: tests/web/browser.py."""
+cache) and holds no block in use after them; the router's page lists its replicas. Where the
+screenshots go: tests/web/browser.py."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -13,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+import uvloop
 
 from tests.api.live_server import LiveServer, server_config
 from tests.api.test_smollm2 import ANSWER, QUESTION
@@ -23,6 +27,7 @@ KEY = "sk-page"
 # Long enough to fill the grid for a few seconds; the shared part is several blocks long.
 SYSTEM = "You are a patient teacher. " * 20
 LONG_TOKENS = 32
+DEAD = "http://127.0.0.1:9"  # nothing listens there
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +172,42 @@ def test_the_page_asks_for_the_key_once_per_tab(browser: Any,
     assert browser.execute_script(
         "return performance.getEntriesByType('resource')"
         ".filter(e => e.responseStatus === 401).length") == 0
+
+
+@pytest.fixture(scope="module")
+def router_url(smollm2_server: LiveServer) -> Iterator[str]:
+    """``pagedserve router`` over the SmolLM2 server and an address where nothing listens,
+    in a thread with its own event loop."""
+    from aiohttp import web
+
+    from pagedserve.router import RouterConfig, create_app, make_runner
+
+    config = RouterConfig(replicas=[smollm2_server.base_url, DEAD], health_interval=0.5)
+    runner = make_runner(create_app(config), access_log=None)
+    loop = uvloop.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> int:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner.addresses[0][1]
+
+    port = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    yield f"http://127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=30)
+    loop.close()
+
+
+def test_the_router_page_lists_its_replicas(browser: Any, router_url: str,
+                                            smollm2_server: LiveServer, screens: Path) -> None:
+    browser.get(router_url + "/")
+    rows = wait_for(lambda: browser.execute_script(
+        "const rows = [...document.querySelectorAll('#replicas tbody tr')];"
+        "return rows.length === 2 && rows.map(r => [...r.cells].map(c => c.textContent));"),
+        what="the replica table")
+    assert [row[:2] for row in rows] == [[smollm2_server.base_url, "healthy"],
+                                         [DEAD, "ejected"]]
+    save_screenshot(browser, screens, "router_page")
