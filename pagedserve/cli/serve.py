@@ -75,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the model name(s) clients use; the first is the one responses carry; "
                         "None: the model's name")
     g.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' on every route but /health and "
-                        f"/metrics; several keys: each is a tenant of its own for the "
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health, "
+                        f"/metrics and the web page's files; several keys: each is a tenant of its own for the "
                         f"per-client limits and the scheduler's fairness; None: "
                         f"${API_KEY_ENV} if set, else no key")
     g.add_argument("--max-request-body-bytes", type=int,

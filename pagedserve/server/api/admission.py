@@ -3,7 +3,8 @@ flight, and a count of what is in flight.
 
 ``/health`` and ``/metrics`` stay open (load balancers and Prometheus hold no key, and both
 must see a draining server); they are all that a probe-only connection (one past the
-connection cap, or on the health port) may ask for. Everything else needs a bearer token when
+connection cap, or on the health port) may ask for. The web page's own files need no key (the
+page asks for one); everything else, its ``/engine/state`` included, needs a bearer token when
 keys are set, gets 503 once the server is draining, and 429 when its source address or its
 key already has ``max_requests_per_client`` in flight, or when it comes on a new connection
 and its key already holds ``max_connections_per_client``; the requests already admitted run on,
