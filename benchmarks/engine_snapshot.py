@@ -9,7 +9,11 @@ case. The flag test a loop pays when nobody reads is timed too, and so is the JS
 handler makes from a snapshot (on the event loop, not in the step loop). All in one process,
 interleaved step by step, so that the machine's load falls on both alike.
 
+A build visits every block handed out so far, so on a GPU with a large cache it costs more:
+``--large-pool N`` also times the block pass over a model-free pool of N blocks, all in use.
+
     python -m benchmarks.engine_snapshot [--num-seqs 64] [--max-tokens 24] [--threads 2]
+                                         [--large-pool 100000]
 
 Last line: one JSON object.
 """
@@ -26,6 +30,21 @@ import torch
 
 def median_ms(samples: list[float]) -> float:
     return 1e3 * statistics.median(samples)
+
+
+def large_pool_ms(num_blocks: int, repeats: int = 20) -> float:
+    from pagedserve.server.engine.core.block_pool import BlockPool
+    from pagedserve.server.engine.engine_snapshot import block_states
+
+    pool = BlockPool(num_blocks)
+    for _ in range(num_blocks):
+        pool.allocate()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        block_states(pool)
+        samples.append(time.perf_counter() - start)
+    return median_ms(samples)
 
 
 def run(args: argparse.Namespace) -> dict[str, float | int]:
@@ -82,6 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, float | int]:
         "snapshot_share_of_step": round(build_ms / step_ms, 5),
         "unread_check_us": round(1e6 * statistics.median(idle_checks), 3),
         "state_body_ms": round(median_ms(bodies), 4),
+        "large_pool_blocks": args.large_pool,
+        "large_pool_snapshot_ms": round(large_pool_ms(args.large_pool), 3),
     }
 
 
@@ -91,6 +112,7 @@ def main() -> None:
     parser.add_argument("--num-seqs", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--large-pool", type=int, default=100_000)
     args = parser.parse_args()
     result = run(args)
     for key, value in result.items():

@@ -76,9 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "None: the model's name")
     g.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' on every route but /health, "
-                        f"/metrics and the web page's files; several keys: each is a tenant of its own for the "
-                        f"per-client limits and the scheduler's fairness; None: "
-                        f"${API_KEY_ENV} if set, else no key")
+                        f"/metrics and the web page's files; several keys: each is a tenant "
+                        f"of its own for the per-client limits and the scheduler's fairness; "
+                        f"None: ${API_KEY_ENV} if set, else no key")
     g.add_argument("--max-request-body-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="larger request bodies are refused with 413")

@@ -1,16 +1,32 @@
 """The engine's snapshot for observers: each device block's state (free, cached, used,
 shared) by block id through a prefix hit and the requests' ends, the queues, and the step
-time and hit rate of the interval; built only when asked for."""
+time and hit rate of the interval; built only when asked for, and never more than its share
+of the loop's time."""
 
 from __future__ import annotations
 
 from engine_fakes import FakeRunner
 from test_scheduler import add, make_scheduler
 
-from pagedserve.server.engine.engine_snapshot import BlockState, SnapshotPublisher
+from pagedserve.server.engine.engine_snapshot import (
+    MAX_LOOP_SHARE,
+    BlockState,
+    SnapshotPublisher,
+)
 from pagedserve.server.engine.engine_stats import StepStats
 
 F, C, U, S = (bytes([state]) for state in BlockState)  # free, cached, used, shared
+
+
+class Clock:
+    """A clock that moves only by ``tick`` seconds a reading, or when set."""
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now, self.tick = 100.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
 
 
 def fresh(publisher: SnapshotPublisher):
@@ -27,7 +43,7 @@ def step_stats(duration_s: float, prefill: int, decode: int) -> StepStats:
 
 def test_block_states_through_a_prefix_hit_and_the_requests_end() -> None:
     scheduler = make_scheduler(num_blocks=8, prefix_caching=True)
-    publisher = SnapshotPublisher(scheduler)
+    publisher = SnapshotPublisher(scheduler, Clock())
     runner = FakeRunner(scheduler, {"a": 3, "b": 2})
     idle = fresh(publisher)
     assert (idle.block_states, idle.num_blocks, idle.count(BlockState.FREE)) == (b"", 8, 8)
@@ -54,7 +70,7 @@ def test_block_states_through_a_prefix_hit_and_the_requests_end() -> None:
 
 def test_without_prefix_caching_freed_blocks_are_free_and_there_is_no_hit_rate() -> None:
     scheduler = make_scheduler(num_blocks=8)
-    publisher = SnapshotPublisher(scheduler)
+    publisher = SnapshotPublisher(scheduler, Clock())
     runner = FakeRunner(scheduler, {"a": 2})
     add(scheduler, "a", 8, best_of=2)  # two samples share the prompt's blocks
     runner.step()
@@ -69,20 +85,23 @@ def test_without_prefix_caching_freed_blocks_are_free_and_there_is_no_hit_rate()
 
 
 def test_the_step_time_and_rates_cover_the_steps_since_the_last_snapshot() -> None:
-    publisher = SnapshotPublisher(make_scheduler())
+    clock = Clock()
+    publisher = SnapshotPublisher(make_scheduler(), clock)
     publisher(step_stats(0.010, prefill=30, decode=1))
     publisher(step_stats(0.030, prefill=0, decode=4))
+    clock.now += 2.0
     snapshot = fresh(publisher)
     assert snapshot.num_steps == 2
     assert abs(snapshot.step_time_s - 0.020) < 1e-12
-    assert snapshot.generation_tokens_per_s > 0 and snapshot.prompt_tokens_per_s > 0
+    assert (snapshot.prompt_tokens_per_s, snapshot.generation_tokens_per_s) == (15.0, 2.5)
+    clock.now += 1.0
     quiet = fresh(publisher)  # no step since
     assert (quiet.num_steps, quiet.step_time_s, quiet.generation_tokens_per_s) == (2, None, 0.0)
 
 
 def test_a_snapshot_is_built_only_when_asked_for() -> None:
     scheduler = make_scheduler(num_blocks=8)
-    publisher = SnapshotPublisher(scheduler)
+    publisher = SnapshotPublisher(scheduler, Clock())
     first = publisher.latest()
     publisher.publish()
     built = publisher.latest()
@@ -93,3 +112,17 @@ def test_a_snapshot_is_built_only_when_asked_for() -> None:
     add(scheduler, "a", 4)
     FakeRunner(scheduler).step()
     assert publisher.latest().block_states == b""  # the step alone builds nothing
+
+
+def test_a_build_waits_until_the_last_one_is_paid_off() -> None:
+    clock = Clock(tick=0.002)  # each reading 2 ms later: a build takes 2 ms
+    publisher = SnapshotPublisher(make_scheduler(num_blocks=8), clock)
+    publisher.latest()
+    publisher.publish()
+    built = publisher.latest()  # also asks for the next
+    clock.now += 0.002 / MAX_LOOP_SHARE - 0.010  # not yet 99 builds' time later
+    publisher.publish()
+    assert publisher.latest() is built
+    clock.now += 0.010
+    publisher.publish()
+    assert publisher.latest() is not built

@@ -4,12 +4,15 @@ the recent step time and throughput (``EngineSnapshot``), published by the step 
 Building a snapshot visits every block the pool has handed out, so the loop builds one only
 when someone has asked since the last (``SnapshotPublisher.latest`` asks): a server nobody
 watches pays one attribute test per step, and a watched one pays a build per read, never more
-than one per step. benchmarks/engine_snapshot.py measures the build against a step.
+than one per step, and never more than ``MAX_LOOP_SHARE`` of the loop's time (a build that
+took d seconds waits 99·d before the next one), however many read and however large the
+cache. benchmarks/engine_snapshot.py measures the build against a step.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING
@@ -18,6 +21,10 @@ if TYPE_CHECKING:
     from pagedserve.server.engine.core.block_pool import BlockPool
     from pagedserve.server.engine.core.scheduler import Scheduler
     from pagedserve.server.engine.engine_stats import StepStats
+
+
+# The most of the step loop's time that snapshots may take.
+MAX_LOOP_SHARE = 0.01
 
 
 class BlockState(IntEnum):
@@ -42,7 +49,7 @@ class EngineSnapshot:
     (``block_states()``); ``step_time_s`` is the mean of the steps since the previous
     snapshot (None when none ran), and the rates count tokens over the same interval."""
 
-    taken_at: float  # time.monotonic()
+    taken_at: float  # the publisher's clock (time.perf_counter by default)
     num_steps: int
     num_running: int
     num_waiting: int
@@ -68,20 +75,24 @@ class SnapshotPublisher:
     """Builds ``EngineSnapshot``s in the step loop's thread, between steps, on request.
 
     A step observer (``__call__``) adds up each step's time and tokens; ``publish`` runs in
-    the loop between steps and builds a snapshot if ``latest`` was called since the last one.
-    ``latest`` may be called from any thread: it returns an immutable object and only sets a
-    flag, so a reader never waits for a step and a step never waits for a reader.
+    the loop between steps and builds a snapshot if ``latest`` was called since the last one
+    (and the last build's cost has been paid off, ``MAX_LOOP_SHARE``). ``latest`` may be
+    called from any thread: it returns an immutable object and only sets a flag, so a reader
+    never waits for a step and a step never waits for a reader. ``clock``: seconds, monotonic.
     """
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._scheduler = scheduler
+        self._clock = clock
         self._wanted = False
+        self._next_build_at = 0.0
         self._num_steps = 0
         self._window_steps = 0
         self._window_seconds = 0.0
         self._window_prompt_tokens = 0
         self._window_generated_tokens = 0
-        self._latest = self._capture(elapsed=0.0)
+        self._latest = self._capture(self._clock(), elapsed=0.0)
 
     def __call__(self, step: StepStats) -> None:
         self._num_steps += 1
@@ -100,18 +111,25 @@ class SnapshotPublisher:
         return self._wanted
 
     def publish(self) -> None:
-        """Builds a snapshot if one was asked for since the last (the step loop's thread)."""
-        if self._wanted:
-            self._wanted = False
-            self._latest = self._capture(time.monotonic() - self._latest.taken_at)
+        """Builds a snapshot if one was asked for since the last, unless the last build is
+        too recent for its cost (the step loop's thread)."""
+        if not self._wanted:
+            return
+        start = self._clock()
+        if start < self._next_build_at:
+            return
+        self._wanted = False
+        self._latest = self._capture(start, start - self._latest.taken_at)
+        cost = self._clock() - start
+        self._next_build_at = start + cost / MAX_LOOP_SHARE
 
-    def _capture(self, elapsed: float) -> EngineSnapshot:
+    def _capture(self, now: float, elapsed: float) -> EngineSnapshot:
         scheduler = self._scheduler
         manager = scheduler.block_manager
         pool, cache = manager.device_pool, manager.prefix_cache_stats
         preemptions = scheduler.preemption_stats
         snapshot = EngineSnapshot(
-            taken_at=time.monotonic(),
+            taken_at=now,
             num_steps=self._num_steps,
             num_running=scheduler.num_running,
             num_waiting=scheduler.num_waiting,
