@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 import pytest
 
+from pagedserve.cli import serve
 from pagedserve.server.api.web.engine_state import grid_cells
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
@@ -125,3 +126,10 @@ def test_a_large_pool_is_drawn_a_few_blocks_a_cell() -> None:
     states = bytes([0, 2, 1, 3, 0])
     assert grid_cells(states, 7, max_cells=3) == {"blocks_per_cell": 3, "cells": "230"}
     assert grid_cells(states, 7) == {"blocks_per_cell": 1, "cells": "0213000"}
+
+
+def test_the_flag_turns_the_page_off() -> None:
+    from tests.api.test_serve_cli import parse
+
+    assert serve.config_from_args(parse([])).web_ui is True
+    assert serve.config_from_args(parse(["--disable-web-ui"])).web_ui is False

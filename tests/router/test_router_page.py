@@ -70,3 +70,15 @@ async def test_without_the_web_ui_there_is_no_page(make_router, replicas: list[F
     for path in ("/", "/router/state"):
         async with http.get(router.url + path) as response:
             assert response.status == 404
+
+
+def test_the_flag_turns_the_page_off() -> None:
+    import argparse
+
+    from pagedserve.router.cli import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    replica = ["--replica", "http://127.0.0.1:8000"]
+    assert config_from_args(parser.parse_args(replica)).web_ui is True
+    assert config_from_args(parser.parse_args([*replica, "--disable-web-ui"])).web_ui is False
