@@ -107,8 +107,9 @@ class SnapshotPublisher:
         return self._latest
 
     @property
-    def wanted(self) -> bool:
-        return self._wanted
+    def current(self) -> EngineSnapshot:
+        """The newest snapshot, without asking for another."""
+        return self._latest
 
     def publish(self) -> None:
         """Builds a snapshot if one was asked for since the last, unless the last build is

@@ -52,10 +52,7 @@ function drawSparkline() {
   };
   line((s) => s.kv, "#2b8cbe");
   line((s) => s.tps / maxTps, "#e6550d");
-  ctx.fillStyle = "#555";
-  ctx.font = "10px sans-serif";
-  ctx.textAlign = "right";
-  ctx.fillText(`max ${maxTps.toFixed(0)} tok/s`, w - 2, 10);
+  $("spark-max").textContent = `top ${maxTps.toFixed(0)} tok/s`;
 }
 
 const percent = (x) => (x === null ? "–" : `${(100 * x).toFixed(1)} %`);
