@@ -101,7 +101,6 @@ def test_the_page_chats_and_shows_the_blocks(page: Any, smollm2_server: LiveServ
     browser = page
     idle_cells = wait_for(lambda: grid_cells(browser), what="the block grid")
     assert idle_cells == "0" * 96
-    save_screenshot(browser, screens, "webui_loaded")
 
     # A chat message streams the real model's answer; its stats line shows TTFT and tokens.
     set_field(browser, "temperature", "0")
