@@ -6,6 +6,7 @@ import { apiFetch, errorMessage, sseEvents } from "./api.js";
 const $ = (id) => document.getElementById(id);
 const history = []; // {role, content} of the finished turns
 let running = null; // the AbortController of the answer being streamed
+let conversation = 0; // counts Clear presses: an answer that outlives its conversation is dropped
 
 export async function loadModels() {
   const response = await apiFetch("/v1/models");
@@ -125,8 +126,9 @@ async function streamAnswer(messages) {
 }
 
 async function answer() {
+  const asked = conversation;
   const reply = await streamAnswer([...history]);
-  if (reply !== null) history.push({ role: "assistant", content: reply });
+  if (reply !== null && asked === conversation) history.push({ role: "assistant", content: reply });
   setRunning(null);
 }
 
@@ -157,6 +159,7 @@ export function setUpChat() {
   $("regenerate").addEventListener("click", regenerate);
   $("clear").addEventListener("click", () => {
     if (running) running.abort();
+    conversation += 1;
     history.length = 0;
     $("messages").replaceChildren();
     setRunning(null);
