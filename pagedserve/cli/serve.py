@@ -75,10 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the model name(s) clients use; the first is the one responses carry; "
                         "None: the model's name")
     g.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' on every route but /health and "
-                        f"/metrics; several keys: each is a tenant of its own for the "
-                        f"per-client limits and the scheduler's fairness; None: "
-                        f"${API_KEY_ENV} if set, else no key")
+                   help=f"require 'Authorization: Bearer KEY' on every route but /health, "
+                        f"/metrics and the web page's files; several keys: each is a tenant "
+                        f"of its own for the per-client limits and the scheduler's fairness; "
+                        f"None: ${API_KEY_ENV} if set, else no key")
     g.add_argument("--max-request-body-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="larger request bodies are refused with 413")
@@ -103,6 +103,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(e.g. http://collector:4318/v1/traces); None: no tracing")
     g.add_argument("--disable-access-log", action="store_true",
                    help="do not log one line per request")
+    g.add_argument("--disable-web-ui", action="store_true",
+                   help="serve no web page at / and no engine state at /engine/state")
     g.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
                    help="how tool calls are read from the model's text under tool_choice "
                         "auto (hermes: <tool_call>{JSON}</tool_call>, Hermes and Qwen models)")
@@ -131,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         forwarded_allow_ips=parse_allow_ips(args.forwarded_allow_ips),
         forwarded_header=args.forwarded_header,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
+        web_ui=not args.disable_web_ui,
     )
 
 

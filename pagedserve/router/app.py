@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pagedserve.router import errors
 from pagedserve.router.config import RouterConfig
+from pagedserve.router.page import add_router_page
 from pagedserve.router.prefix_key import routing_key
 from pagedserve.router.proxy import forward
 from pagedserve.router.replicas import resolve
@@ -45,6 +46,8 @@ def create_app(config: RouterConfig, tracing: Tracing | None = None) -> web.Appl
     app.router.add_get("/v1/models/{model}", _pass)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)
+    if config.web_ui:
+        add_router_page(app.router)
     return app
 
 

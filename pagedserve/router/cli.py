@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a replica may stay silent before it counts as failed")
     parser.add_argument("--otlp-traces-endpoint", metavar="URL",
                         help="export OpenTelemetry traces to this OTLP endpoint (off without)")
+    parser.add_argument("--disable-web-ui", action="store_true",
+                        help="serve no page at / and no state at /router/state")
 
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
@@ -68,7 +70,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_attempts=args.max_attempts, max_in_flight=args.max_in_flight,
         max_request_body_bytes=args.max_request_body_bytes,
         upstream_timeout=args.upstream_timeout,
-        otlp_traces_endpoint=args.otlp_traces_endpoint)
+        otlp_traces_endpoint=args.otlp_traces_endpoint, web_ui=not args.disable_web_ui)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -45,6 +45,8 @@ class RouterConfig:
     max_in_flight: int = 1024
     max_request_body_bytes: int = 16 * 1024 * 1024
     otlp_traces_endpoint: str | None = None
+    # The page at / and its state at /router/state (--disable-web-ui: neither).
+    web_ui: bool = True
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -3,7 +3,8 @@ flight, and a count of what is in flight.
 
 ``/health`` and ``/metrics`` stay open (load balancers and Prometheus hold no key, and both
 must see a draining server); they are all that a probe-only connection (one past the
-connection cap, or on the health port) may ask for. Everything else needs a bearer token when
+connection cap, or on the health port) may ask for. The web page's own files need no key (the
+page asks for one); everything else, its ``/engine/state`` included, needs a bearer token when
 keys are set, gets 503 once the server is draining, and 429 when its source address or its
 key already has ``max_requests_per_client`` in flight, or when it comes on a new connection
 and its key already holds ``max_connections_per_client``; the requests already admitted run on,
@@ -34,6 +35,7 @@ from pagedserve.server.api.errors import (
     shutting_down,
 )
 from pagedserve.server.api.forwarded import TrustedProxies
+from pagedserve.server.api.web.paths import is_page_path
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 # The request's tenant (``key:N`` for the N-th API key, else ``addr:`` and its source
@@ -84,7 +86,8 @@ class Admission:
             return await _serve_probe(request, handler, refusal)
         if request.path in OPEN_PATHS:
             return await handler(request)
-        key = self._check_api_key(request)
+        # The page's own files hold no secret: it loads without a key and then asks for one.
+        key = None if is_page_path(request.path) else self._check_api_key(request)
         if self.draining:
             raise shutting_down()
         address = self.proxies.client_address(request)

@@ -39,6 +39,8 @@ from pagedserve.server.api.state import (
     TOKENIZER_POOL_KEY,
     TRACING_KEY,
 )
+from pagedserve.server.api.web.access_log import PageQuietAccessLogger
+from pagedserve.server.api.web.page import add_web_ui
 
 if TYPE_CHECKING:
     from pagedserve.server.api.tracing import ServerTracing
@@ -75,6 +77,8 @@ def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> we
     app.on_response_prepare.append(add_load_hints)
     app.on_response_prepare.append(_count_response)
     _add_routes(app.router)
+    if config.web_ui:
+        add_web_ui(app.router, lambda: app[ENGINE_KEY].snapshot(), names[0])
     return app
 
 
@@ -84,6 +88,7 @@ def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     kwargs.setdefault("shutdown_timeout", _SHUTDOWN_TIMEOUT_S)
     kwargs.setdefault("keepalive_timeout", app[CONFIG_KEY].limits.timeout_keep_alive)
     kwargs.setdefault("logger", app[SERVER_LOG_KEY])
+    kwargs.setdefault("access_log_class", PageQuietAccessLogger)
     return web.AppRunner(app, handler_cancellation=True, **kwargs)
 
 

@@ -81,6 +81,8 @@ class ServerConfig:
     forwarded_header: str = X_FORWARDED_FOR
     # OpenTelemetry traces go to this OTLP/HTTP endpoint; None: no tracing.
     otlp_traces_endpoint: str | None = None
+    # The web page at / and the engine's state at /engine/state (--disable-web-ui: neither).
+    web_ui: bool = True
 
     def __post_init__(self) -> None:
         if self.tool_call_parser not in TOOL_PARSERS:

@@ -18,6 +18,7 @@ from pagedserve.common.load_hints import LoadHints
 from pagedserve.server.api.jsonio import json_response
 from pagedserve.server.api.state import ENGINE_KEY
 from pagedserve.server.api.throughput_curve import ThroughputCurve
+from pagedserve.server.api.web.paths import is_page_path
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine, EngineStats
@@ -86,7 +87,9 @@ async def add_load_hints(request: web.Request, response: web.StreamResponse) -> 
     """``on_response_prepare``: the engine's load as of this response; none for a client
     that has not authenticated."""
     engine = request.app.get(ENGINE_KEY)
-    if engine is not None and response.status not in _UNAUTHENTICATED:
+    # The page's files are served without a key, so they carry no hints either.
+    if engine is not None and response.status not in _UNAUTHENTICATED and not is_page_path(
+            request.path):
         hints = _hints(engine.stats(), request.app.get(STEP_CLOCK_KEY))
         response.headers.update(hints.to_headers())
 

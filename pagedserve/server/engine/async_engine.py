@@ -22,6 +22,7 @@ from typing import Any
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.engine.core.request_preparation import PreparedRequest
+from pagedserve.server.engine.engine_snapshot import EngineSnapshot, SnapshotPublisher
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.errors import EngineDeadError, InvalidRequestError
@@ -122,6 +123,8 @@ class AsyncEngine:
         self._failure: BaseException | None = None
         self._failed: asyncio.Event | None = None
         self._stats = engine.stats(with_projection=True)
+        self._snapshots = SnapshotPublisher(engine.scheduler)
+        engine.add_step_observer(self._snapshots)
         self._num_steps = 0
         self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
         # Grammars compile here, never in the step loop; a compilation past its timeout
@@ -274,6 +277,13 @@ class AsyncEngine:
         """The snapshot taken after the latest step (cheap: no lock, no scan)."""
         return self._stats
 
+    def snapshot(self) -> EngineSnapshot:
+        """The latest snapshot of blocks, queues and step time; the loop builds a fresh one
+        after its next step, or at once when idle (``SnapshotPublisher``)."""
+        snapshot = self._snapshots.latest()
+        self._wakeup.set()
+        return snapshot
+
     def add_step_observer(self, observer: Callable[[StepStats], None]) -> None:
         """``observer(StepStats)`` runs in the engine thread after every step."""
         self.engine.add_step_observer(observer)
@@ -284,6 +294,7 @@ class AsyncEngine:
         try:
             while not self._stopping:
                 self._drain_inbox()
+                self._snapshots.publish()
                 if not self.engine.has_unfinished_requests():
                     self.engine.check_health()  # a tensor-parallel worker may die while idle
                     self._wakeup.wait(_IDLE_WAIT_S)

@@ -1,0 +1,11 @@
+"""Where the page lives, for the routes and for the key check (which imports nothing else)."""
+
+from __future__ import annotations
+
+STATIC_PREFIX = "/ui/"
+STATE_PATH = "/engine/state"
+
+
+def is_page_path(path: str) -> bool:
+    """Whether ``path`` is the page or one of its files, which need no API key."""
+    return path == "/" or path.startswith(STATIC_PREFIX)
