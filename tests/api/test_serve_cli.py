@@ -16,7 +16,7 @@ import torch
 
 from pagedserve.cli import generate, main, serve
 from pagedserve.server.api import ServerConfig
-from pagedserve.server.api.config import ServerLimits
+from pagedserve.server.api.limits import ServerLimits
 from pagedserve.server.engine.config.engine_args import PREFAULT_ENV, EngineArgs, resolve_device
 from pagedserve.server.models.config import ModelConfig
 

@@ -19,7 +19,8 @@ have OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from pagedserve.server.api.app import create_app, make_runner, make_site
-from pagedserve.server.api.config import ServerConfig, ServerConfigError
+from pagedserve.server.api.config import ServerConfig
+from pagedserve.server.api.limits import ServerConfigError
 from pagedserve.server.api.shutdown import drain
 
 __all__ = ["ServerConfig", "ServerConfigError", "create_app", "drain", "make_runner",

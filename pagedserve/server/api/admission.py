@@ -26,7 +26,6 @@ from pagedserve.server.api.client_limits import (
     KeyConnections,
     over_client_share,
 )
-from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import (
     INVALID_REQUEST,
     APIError,
@@ -34,6 +33,7 @@ from pagedserve.server.api.errors import (
     shutting_down,
 )
 from pagedserve.server.api.forwarded import TrustedProxies
+from pagedserve.server.api.limits import ServerLimits
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 # The request's tenant (``key:N`` for the N-th API key, else ``addr:`` and its source
@@ -173,3 +173,6 @@ async def _serve_probe(request: web.Request, handler: Any,
         raise
     response.force_close()
     return response
+
+
+ADMISSION_KEY = web.AppKey("admission", Admission)

@@ -2,53 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from pagedserve.server.api.forwarded import X_FORWARDED_FOR, TrustedProxies
+from pagedserve.server.api.limits import ServerConfigError, ServerLimits
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.config.engine_args import EngineArgs
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
-
-
-class ServerConfigError(ValueError):
-    """A server setting outside its allowed range."""
-
-
-@dataclass(slots=True, frozen=True)
-class ServerLimits:
-    """``max_prompts_per_request``: prompts in one completions request.
-    ``max_completions_per_request``: prompts × best_of (which is n unless set) in one request.
-    ``max_tokens_per_request``: prompt tokens in one request, all its prompts together.
-    ``tokenizer_threads``: the pool that tokenizes large inputs and ``/tokenize`` off the
-    event loop, so /health and streams keep answering meanwhile.
-    ``timeout_keep_alive``: seconds an idle connection stays open (also the bound on how long
-    a connection may take to deliver a request's headers after connecting or after its
-    previous response).
-    ``timeout_header_read``: seconds a new connection gets to deliver its first request's
-    headers (a client that trickles them is cut off).
-    ``max_connections``: open connections; beyond it a new one gets 503 and is closed.
-    ``max_connections_per_client``: open connections from one source address, and with one
-    API key when keys are set (more: 429).
-    ``max_requests_per_client``: requests in flight from one source address, and with one
-    API key when keys are set (more: 429).
-    """
-
-    max_prompts_per_request: int = 1024
-    max_completions_per_request: int = 1024
-    max_tokens_per_request: int = 262144
-    tokenizer_threads: int = 2
-    timeout_keep_alive: float = 5.0
-    timeout_header_read: float = 10.0
-    max_connections: int = 2048
-    max_connections_per_client: int = 1024
-    max_requests_per_client: int = 1024
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value <= 0:
-                raise ServerConfigError(f"{f.name} must be positive, got {value}")
 
 
 @dataclass(slots=True)

@@ -23,7 +23,6 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 
 from pagedserve.server.api.client_limits import ClientCounter, over_client_share, peer_host
-from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import (
     INVALID_REQUEST,
     UNAVAILABLE,
@@ -32,6 +31,7 @@ from pagedserve.server.api.errors import (
     error_response,
 )
 from pagedserve.server.api.forwarded import TrustedProxies
+from pagedserve.server.api.limits import ServerLimits
 
 _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.

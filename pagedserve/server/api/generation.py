@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+
 from pagedserve.server.api.metrics import ServerMetrics
 from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.errors import RequestFailedError
@@ -121,3 +123,7 @@ class GenerationBatch:
             self._engine.abort(request_id)
             self._metrics.count_aborted()
         self._unfinished.clear()
+
+
+# Generations in flight, so that a shutdown past its drain timeout can end them.
+BATCHES_KEY = web.AppKey("batches", set[GenerationBatch])

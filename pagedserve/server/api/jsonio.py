@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import orjson
 from aiohttp import web
 
 from pagedserve.server.api.errors import invalid_request
-from pagedserve.server.api.state import TOKENIZER_POOL_KEY
 
 # Bodies from this size on are decoded, parsed and tokenized in the tokenizer pool; below it
 # the thread hop costs more than the work.
 OFF_LOOP_BODY_BYTES = 64 * 1024
 
 T = TypeVar("T")
+
+# The threads that tokenize large inputs off the event loop.
+TOKENIZER_POOL_KEY = web.AppKey("tokenizer_pool", ThreadPoolExecutor)
 
 
 async def off_loop(request: web.Request, size: int | None, work: Callable[[], T]) -> T:

@@ -8,10 +8,49 @@ OpenAI-shaped 400 (413 for a body announced too large), a connection over the ca
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
-from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import invalid_request
+
+
+class ServerConfigError(ValueError):
+    """A server setting outside its allowed range."""
+
+
+@dataclass(slots=True, frozen=True)
+class ServerLimits:
+    """``max_prompts_per_request``: prompts in one completions request.
+    ``max_completions_per_request``: prompts × best_of (which is n unless set) in one request.
+    ``max_tokens_per_request``: prompt tokens in one request, all its prompts together.
+    ``tokenizer_threads``: the pool that tokenizes large inputs and ``/tokenize`` off the
+    event loop, so /health and streams keep answering meanwhile.
+    ``timeout_keep_alive``: seconds an idle connection stays open (also the bound on how long
+    a connection may take to deliver a request's headers after connecting or after its
+    previous response).
+    ``timeout_header_read``: seconds a new connection gets to deliver its first request's
+    headers (a client that trickles them is cut off).
+    ``max_connections``: open connections; beyond it a new one gets 503 and is closed.
+    ``max_connections_per_client``: open connections from one source address, and with one
+    API key when keys are set (more: 429).
+    ``max_requests_per_client``: requests in flight from one source address, and with one
+    API key when keys are set (more: 429).
+    """
+
+    max_prompts_per_request: int = 1024
+    max_completions_per_request: int = 1024
+    max_tokens_per_request: int = 262144
+    tokenizer_threads: int = 2
+    timeout_keep_alive: float = 5.0
+    timeout_header_read: float = 10.0
+    max_connections: int = 2048
+    max_connections_per_client: int = 1024
+    max_requests_per_client: int = 1024
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value <= 0:
+                raise ServerConfigError(f"{f.name} must be positive, got {value}")
 
 
 def check_prompts(limits: ServerLimits, num_prompts: int, best_of: int) -> None:

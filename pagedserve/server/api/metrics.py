@@ -304,3 +304,6 @@ def _error_code(response: web.StreamResponse) -> str:
     except (orjson.JSONDecodeError, KeyError, TypeError):
         code = None
     return str(code) if code is not None else f"http_{response.status}"
+
+
+METRICS_KEY = web.AppKey("metrics", ServerMetrics)

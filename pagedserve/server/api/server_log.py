@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from pagedserve.server.api.parse_errors import describe
@@ -56,3 +57,7 @@ class ServerLog:
         self.num_suppressed = 0
         self.logger.warning("rejected a malformed HTTP request from %s: %s %s%s", remote,
                             type(exc).__name__, detail, more)
+
+
+# What aiohttp's connection handlers log to (requests the HTTP parser rejects, rate-limited).
+SERVER_LOG_KEY = web.AppKey("server_log", ServerLog)

@@ -14,19 +14,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from aiohttp import web
 
 from pagedserve.server.api.admission import TENANT
-from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import invalid_request, model_not_found
-from pagedserve.server.api.generation import GenerationBatch
+from pagedserve.server.api.generation import BATCHES_KEY, GenerationBatch
 from pagedserve.server.api.jsonio import off_loop
-from pagedserve.server.api.state import (
-    BATCHES_KEY,
-    CONFIG_KEY,
-    ENGINE_KEY,
-    METRICS_KEY,
-    MODEL_NAMES_KEY,
-    TRACING_KEY,
-)
+from pagedserve.server.api.limits import ServerLimits
+from pagedserve.server.api.metrics import METRICS_KEY
+from pagedserve.server.api.state import CONFIG_KEY, ENGINE_KEY, MODEL_NAMES_KEY
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS, ToolParser
+from pagedserve.server.api.tracing import TRACING_KEY
 from pagedserve.server.engine.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from pagedserve.server.sampling_params import SamplingParams
 

@@ -7,8 +7,10 @@ import logging
 
 from aiohttp import web
 
+from pagedserve.server.api.admission import ADMISSION_KEY
 from pagedserve.server.api.errors import shutting_down
-from pagedserve.server.api.state import ADMISSION_KEY, BATCHES_KEY, ENGINE_KEY
+from pagedserve.server.api.generation import BATCHES_KEY
+from pagedserve.server.api.state import ENGINE_KEY
 
 logger = logging.getLogger(__name__)
 

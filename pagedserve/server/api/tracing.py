@@ -122,3 +122,7 @@ class ServerTracing:
         http_trace = _CURRENT.get()
         if http_trace is not None:
             http_trace.last_output_ns = time.time_ns()
+
+
+# Present only when tracing is on (this module loads OpenTelemetry lazily).
+TRACING_KEY = web.AppKey("tracing", ServerTracing)
