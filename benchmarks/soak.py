@@ -49,7 +49,7 @@ from benchmarks.soak_mix import (
     check_stream,
     make_request,
 )
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 
 BLOCK_SIZE = 16
 SERVER_FLAGS = ["--max-model-len", "128", "--num-kv-blocks", "48", "--block-size",

@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pagedserve"
-LEAF_MODULES = ("pagedserve.server.errors", "pagedserve.server.sampling_params")
+LEAF_MODULES = ("pagedserve.common.engine_errors", "pagedserve.common.sampling_params")
 
 # Each layer and the layers below it that it may import (besides itself and the leaves).
 ALLOWED: dict[str, set[str]] = {
@@ -177,9 +177,9 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert _find_cycle({"a": {"b", "c"}, "b": {"c"}}) is None
 
 
-@pytest.mark.parametrize("module", ["pagedserve.server.sampling_params",
+@pytest.mark.parametrize("module", ["pagedserve.common.sampling_params",
                                     "pagedserve.common.errors",
-                                    "pagedserve.server.errors",
+                                    "pagedserve.common.engine_errors",
                                     "pagedserve.common.load_hints",
                                     "pagedserve.common.encoding",
                                     "pagedserve.common.running_buckets"])

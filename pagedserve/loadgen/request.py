@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from pagedserve.client.sse import ServerSentEvent, SSEDecodeError, SSEDecoder
-from pagedserve.loadgen.config import RequestSpec
+from pagedserve.client.api.sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+from pagedserve.loadgen.bench_config import RequestSpec
 from pagedserve.loadgen.datasets import SampleRequest
 
 _ERROR_BODY_LIMIT = 300

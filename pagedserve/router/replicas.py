@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from pagedserve.common.load_hints import LoadHints
-from pagedserve.router.config import RouterConfig
+from pagedserve.router.router_config import RouterConfig
 
 logger = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 
 

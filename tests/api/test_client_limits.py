@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api.admission import ADMISSION_KEY
-from pagedserve.server.api.client_limits import ClientCounter
-from pagedserve.server.api.limits import ServerLimits
+from pagedserve.server.api.http.admission import ADMISSION_KEY
+from pagedserve.server.api.http.client_limits import ClientCounter
+from pagedserve.server.api.http.limits import ServerLimits
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 from tests.api.test_limits import error, hold_connections, raw_request, release, split

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from pagedserve.server.api.admission import ADMISSION_KEY
-from pagedserve.server.api.forwarded import TrustedProxies, parse_allow_ips
-from pagedserve.server.api.limits import ServerConfigError, ServerLimits
+from pagedserve.server.api.http.admission import ADMISSION_KEY
+from pagedserve.server.api.http.forwarded import TrustedProxies, parse_allow_ips
+from pagedserve.server.api.http.limits import ServerConfigError, ServerLimits
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 from tests.api.test_client_limits import request_from, wait_for

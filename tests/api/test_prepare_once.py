@@ -11,9 +11,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api import jsonio
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.server.api.http import jsonio
 from pagedserve.server.engine.core import request_preparation
-from pagedserve.server.sampling_params import SamplingParams
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 

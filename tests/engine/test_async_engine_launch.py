@@ -10,11 +10,11 @@ from typing import ClassVar
 
 import pytest
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine import async_engine
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.models.errors import ModelLoadError
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.models.model_load_error import ModelLoadError
 from tests.checkpoints import make_checkpoint
 
 

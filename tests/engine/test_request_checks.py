@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.async_engine import AsyncEngine
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core import request_preparation
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling_params import SamplingParams
 from tests.checkpoints import make_checkpoint
 
 MAX_MODEL_LEN = 64

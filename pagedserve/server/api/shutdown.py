@@ -7,10 +7,10 @@ import logging
 
 from aiohttp import web
 
-from pagedserve.server.api.admission import ADMISSION_KEY
-from pagedserve.server.api.errors import shutting_down
-from pagedserve.server.api.generation import BATCHES_KEY
-from pagedserve.server.api.state import ENGINE_KEY
+from pagedserve.server.api.config.app_keys import ENGINE_KEY
+from pagedserve.server.api.http.admission import ADMISSION_KEY
+from pagedserve.server.api.http.api_errors import shutting_down
+from pagedserve.server.api.serving.generation import BATCHES_KEY
 
 logger = logging.getLogger(__name__)
 

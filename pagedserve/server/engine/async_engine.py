@@ -19,13 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from pagedserve.common.engine_errors import EngineDeadError, InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.errors import EngineDeadError, InvalidRequestError
-from pagedserve.server.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.config.engine_config import CacheConfig
 from pagedserve.server.engine.core.beam_search import BeamState
@@ -27,9 +28,9 @@ from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.engine_stats import EngineStats, ParallelInfo, StepStats
+from pagedserve.server.engine.logits.sampling_plan import SampledBatch, SamplingPlan, TokenSampler
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.parallel.launcher import WorkerGroup
-from pagedserve.server.engine.sample.token_sampling import SampledBatch, SamplingPlan, TokenSampler
 from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.worker.kv_cache import KVCache, resolve_kv_cache_dtype
 from pagedserve.server.engine.worker.model_runner import ModelRunner
@@ -40,7 +41,6 @@ from pagedserve.server.models.model_path import resolve_model
 from pagedserve.server.models.parallel_layers import shard_config
 from pagedserve.server.sampling.grammar import GrammarState
 from pagedserve.server.sampling.sampler import Sampler
-from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)

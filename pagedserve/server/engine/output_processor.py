@@ -16,12 +16,12 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.outputs import CompletionOutput, RequestOutput
 from pagedserve.server.engine.core.scheduler_output import StepUpdate
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.core.text_state import TextState
 from pagedserve.server.sampling.stop_conditions import StopChecker
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 from pagedserve.server.tokenizer.detokenizer import IncrementalDetokenizer
 

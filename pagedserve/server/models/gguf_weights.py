@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 
 # llama.cpp tensor name (after "blk.N.") → Hugging Face name (after "model.layers.N.")
 _LAYER_NAMES = {

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams, SamplingType
 from pagedserve.server.sampling.exponential_race import generator_seed
 from pagedserve.server.sampling.grammar import GrammarState, grammar_bitmask
 from pagedserve.server.sampling.token_masks import build_blocked_mask, build_logit_bias
 from pagedserve.server.sampling.validation import validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams, SamplingType
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.sampling.metadata import SamplingMetadata

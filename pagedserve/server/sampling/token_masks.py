@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.sampling.penalties import bad_words_banned_ids, min_tokens_banned_ids
-from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.sampling.metadata import SamplingRow

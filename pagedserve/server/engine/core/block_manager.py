@@ -12,6 +12,7 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 
+from pagedserve.common.engine_errors import BlockAllocationError
 from pagedserve.server.engine.config.engine_config import CacheConfig
 from pagedserve.server.engine.core.block_pool import BlockPool
 from pagedserve.server.engine.core.integrity import check_block_integrity
@@ -28,7 +29,6 @@ from pagedserve.server.engine.core.prefix_cache import (
 )
 from pagedserve.server.engine.core.scheduler_stats import KVCacheUsage, PoolUsage
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.errors import BlockAllocationError
 
 BlockMapping = list[tuple[int, int]]
 

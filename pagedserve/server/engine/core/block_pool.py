@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pagedserve.common.engine_errors import BlockAllocationError
 from pagedserve.server.engine.core.block import FreeBlockQueue, KVCacheBlock
 from pagedserve.server.engine.core.prefix_cache import BlockHash
-from pagedserve.server.errors import BlockAllocationError
 
 
 class BlockPool:

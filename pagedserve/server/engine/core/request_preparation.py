@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pagedserve.server.engine.core.admission import check_context_length
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedserve.server.engine.core.admissibility import check_context_length
 from pagedserve.server.sampling.grammar import GrammarCompiler
 from pagedserve.server.sampling.validation import validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.base import Tokenizer
 
 

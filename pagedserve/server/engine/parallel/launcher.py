@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from pagedserve.common.engine_errors import WorkerFailedError
 from pagedserve.server.engine.config.engine_args import EngineArgs, resolve_device
 from pagedserve.server.engine.config.engine_config import SchedulerConfig
 from pagedserve.server.engine.parallel.rendezvous import (
@@ -44,9 +45,8 @@ from pagedserve.server.engine.parallel.watchdog import WorkerWatchdog, describe_
 from pagedserve.server.engine.parallel.worker import KVBlocks, KVPlan, WorkerInit, worker_process
 from pagedserve.server.engine.worker.kv_cache import KVCache
 from pagedserve.server.engine.worker.model_runner import ModelRunner
-from pagedserve.server.errors import WorkerFailedError
-from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.loader import default_quantization, resolve_dtype
+from pagedserve.server.models.model_config import ModelConfig
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel
 from pagedserve.server.models.source import load_config

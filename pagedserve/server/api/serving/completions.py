@@ -1,0 +1,170 @@
+"""``POST /v1/completions``: one engine request per prompt, n choices each."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.server.api.http.jsonio import json_response, read_request
+from pagedserve.server.api.http.limits import check_prompt_tokens, check_prompts
+from pagedserve.server.api.http.sse import stream_events
+from pagedserve.server.api.protocol.completions import (
+    CompletionRequest,
+    PromptInput,
+    parse_completion_request,
+)
+from pagedserve.server.api.protocol.prompt import PromptEncoding
+from pagedserve.server.api.serving.generation import GenerationBatch
+from pagedserve.server.api.serving.logprobs import CompletionLogprobs, vllm_prompt_logprobs
+from pagedserve.server.api.serving.pipeline import (
+    Serving,
+    StreamTracker,
+    new_logprobs,
+    new_request_id,
+    now_seconds,
+    reject_unstreamable,
+    response_id,
+    sampling_params,
+    usage,
+)
+from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestOutput
+
+OBJECT = "text_completion"
+
+
+class _Prompt:
+    """A prompt as the engine takes it (prepared: checked once, with its final parameters),
+    and its text for ``echo``."""
+
+    __slots__ = ("request", "text", "token_ids")
+
+    def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool,
+                 encoding: PromptEncoding, params: SamplingParams) -> None:
+        ids = (serving.tokenizer.encode(prompt, add_special_tokens=encoding.add_special_tokens)
+               if isinstance(prompt, str) else prompt)
+        self.token_ids = encoding.truncate(ids, serving.engine.max_model_len)
+        self.request = serving.engine.prepare_request(self.token_ids, params)
+        if isinstance(prompt, str) and len(self.token_ids) == len(ids):
+            self.text: str | None = prompt
+        else:  # token ids, or what truncation left: its text only where echo needs it
+            self.text = serving.tokenizer.decode(self.token_ids) if need_text else None
+
+
+async def create_completion(request: web.Request) -> web.StreamResponse:
+    req = await read_request(request, parse_completion_request)
+    serving = Serving.of(request)
+    serving.check_model(req.model)
+    params = _params(req)
+    check_prompts(serving.limits, len(req.prompts), params.best_of)
+    if req.stream:
+        reject_unstreamable(params)
+    prompts = await serving.tokenization(request, lambda: _prompts(serving, req, params))
+    check_prompt_tokens(serving.limits, sum(len(p.token_ids) for p in prompts), "prompt")
+    grammar = await serving.engine.compile_grammar(params)  # one for every prompt
+    request_id = new_request_id("cmpl")
+    view = _CompletionView(serving, req, params, prompts,
+                           response_id(request, "cmpl-", req.request_id))
+    async with serving.batch() as batch:
+        for i, prompt in enumerate(prompts):
+            batch.add(f"{request_id}-{i}", prompt.request, params, prompt.text,
+                      grammar=grammar)
+        if req.stream:
+            await batch.admitted()
+            return await stream_events(request, view.stream(batch))
+        finals = await batch.final_outputs()
+    return json_response(view.response(finals))
+
+
+def _prompts(serving: Serving, req: CompletionRequest, params: SamplingParams) -> list[_Prompt]:
+    # Run off the event loop for a large body; the engine takes each prepared request as is.
+    return [_Prompt(serving, p, req.echo, req.encoding, params) for p in req.prompts]
+
+
+def _params(req: CompletionRequest) -> SamplingParams:
+    prompt_logprobs = req.sampling.pop("prompt_logprobs", None)
+    if req.echo and req.logprobs is not None:
+        # echo shows the prompt's tokens too, so their logprobs are needed.
+        prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
+    return sampling_params(req.sampling, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                           prompt_logprobs=prompt_logprobs)
+
+
+class _CompletionView:
+    """Engine outputs → OpenAI completion objects (whole, or chunk by chunk)."""
+
+    def __init__(self, serving: Serving, req: CompletionRequest, params: SamplingParams,
+                 prompts: list[_Prompt], request_id: str) -> None:
+        self.serving = serving
+        self.req = req
+        self.params = params
+        self.prompts = prompts
+        self.created = now_seconds()
+        self.envelope = serving.envelope(request_id, self.created, OBJECT)
+        self._logprobs: dict[int, CompletionLogprobs] = {}
+
+    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        choices = []
+        for i, final in enumerate(finals):
+            for o in final.outputs:
+                delta_logprobs = new_logprobs(o, 0)
+                choice = self._choice(i * self.params.n + o.index, i, final, o.text,
+                                      o.token_ids, delta_logprobs, first=True)
+                choice["finish_reason"] = o.finish_reason
+                choice["stop_reason"] = o.stop_reason
+                choices.append(choice)
+        choices.sort(key=lambda c: c["index"])
+        return {**self.envelope, "choices": choices, "usage": usage(finals)}
+
+    async def stream(self, batch: GenerationBatch) -> AsyncIterator[list[dict[str, Any]]]:
+        tracker = StreamTracker(self.params.n)
+        usage_field = {"usage": None} if self.req.include_usage else {}
+        async for i, output in batch.outputs():
+            chunks = []
+            for d in tracker.deltas(i, output):
+                choice = self._choice(d.index, i, output, d.text, d.token_ids, d.logprobs,
+                                      d.first)
+                choice["finish_reason"] = d.finish_reason
+                choice["stop_reason"] = d.stop_reason
+                chunk = {**self.envelope, "choices": [choice], **usage_field}
+                if self.req.continuous_usage:
+                    chunk["usage"] = tracker.choice_usage(d.index)
+                chunks.append(chunk)
+            yield chunks
+        if self.req.include_usage:
+            yield [{**self.envelope, "choices": [], "usage": tracker.usage()}]
+
+    def _choice(self, index: int, prompt_index: int, output: RequestOutput, text: str,
+                token_ids: list[int], logprobs: list[PositionLogprobs | None] | None,
+                first: bool) -> dict[str, Any]:
+        echo = self.req.echo and first
+        prompt = self.prompts[prompt_index]
+        choice: dict[str, Any] = {
+            "index": index,
+            "text": (prompt.text or "") + text if echo else text,
+            "logprobs": None,
+        }
+        if self.req.logprobs is not None:
+            choice["logprobs"] = self._logprobs_for(index, output, token_ids, logprobs or [],
+                                                   echo)
+        if first and self.params.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(self.serving.engine.tokenizer,
+                                                           output.prompt_logprobs,
+                                                           self.req.tokens_as_ids)
+        return choice
+
+    def _logprobs_for(self, index: int, output: RequestOutput, token_ids: list[int],
+                      positions: list[PositionLogprobs | None], echo: bool) -> dict[str, Any]:
+        builder = self._logprobs.get(index)
+        if builder is None:
+            builder = CompletionLogprobs(self.serving.tokenizer, 0,
+                                         self.params.skip_special_tokens,
+                                         self.req.tokens_as_ids)
+            self._logprobs[index] = builder
+        if echo:
+            prompt_positions = output.prompt_logprobs or [None] * len(output.prompt_token_ids)
+            token_ids = output.prompt_token_ids + token_ids
+            positions = list(prompt_positions) + positions
+        return builder.extend(token_ids, positions)
