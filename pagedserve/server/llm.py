@@ -11,6 +11,7 @@ from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.common.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 from pagedserve.server.engine.llm_engine import LLMEngine
 from pagedserve.server.tokenizer.base import Tokenizer
 
@@ -83,13 +84,13 @@ class LLM:
         """Runs every prompt to completion; results in the order of ``prompts``."""
         prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)
         params_list = self._params_for(prompt_list, sampling_params)
-        order = []
+        requests = []
         for prompt, params in zip(prompt_list, params_list):
-            request_id = str(next(self._request_ids))
             text, token_ids = self._tokenize(prompt)
-            self.engine.add_request(request_id, token_ids, params, prompt=text)
-            order.append(request_id)
-        return self._run(order)
+            requests.append(EngineRequest(str(next(self._request_ids)), token_ids, params,
+                                          prompt=text))
+        self.engine.add_requests(requests)
+        return self._run([request.request_id for request in requests])
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],
                     params: BeamSearchParams) -> list[BeamSearchOutput]:

@@ -34,7 +34,6 @@ from pagedserve.server.api.serving.pipeline import (
 from pagedserve.server.api.tools.grammar_calls import NamedCall
 from pagedserve.server.api.tools.parsers import ToolParser, ToolStream
 from pagedserve.server.engine.core.outputs import PositionLogprobs
-from pagedserve.server.engine.core.request_preparation import PreparedRequest
 from pagedserve.server.tokenizer.chat_template import content_text
 
 OBJECT = "chat.completion"
@@ -72,22 +71,20 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             raise invalid_request("prompt_logprobs is not available when stream is true",
                                   param="prompt_logprobs")
 
-    def encode_and_prepare() -> tuple[str, PreparedRequest]:
+    def encode() -> tuple[str, list[int]]:
         text, ids = encode_chat(serving, req.messages, req.rendering,
                                 req.encoding.add_special_tokens)
         token_ids = req.encoding.truncate(ids, serving.engine.max_model_len)
         if len(token_ids) < len(ids):
             text = serving.tokenizer.decode(token_ids)
-        # Off the loop for a large body, and once: the engine takes the prepared request.
-        return text, serving.engine.prepare_request(token_ids, params)
+        return text, token_ids
 
-    text, prepared = await serving.tokenization(request, encode_and_prepare)
-    check_prompt_tokens(serving.limits, len(prepared.prompt_token_ids), "messages")
-    grammar = await serving.engine.compile_grammar(params)
+    text, token_ids = await serving.tokenization(request, encode)
+    check_prompt_tokens(serving.limits, len(token_ids), "messages")
     request_id = new_request_id("chatcmpl")
     view = _ChatView(serving, req, params, response_id(request, "chatcmpl-", req.request_id))
     async with serving.batch() as batch:
-        batch.add(request_id, prepared, params, text, grammar=grammar)
+        await batch.submit(params, [(request_id, token_ids, text)])
         if req.stream:
             await batch.admitted()
             return await stream_events(request, view.stream(batch))

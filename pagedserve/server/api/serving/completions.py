@@ -36,17 +36,15 @@ OBJECT = "text_completion"
 
 
 class _Prompt:
-    """A prompt as the engine takes it (prepared: checked once, with its final parameters),
-    and its text for ``echo``."""
+    """A prompt as the engine takes it, and its text for ``echo``."""
 
-    __slots__ = ("request", "text", "token_ids")
+    __slots__ = ("text", "token_ids")
 
     def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool,
-                 encoding: PromptEncoding, params: SamplingParams) -> None:
+                 encoding: PromptEncoding) -> None:
         ids = (serving.tokenizer.encode(prompt, add_special_tokens=encoding.add_special_tokens)
                if isinstance(prompt, str) else prompt)
         self.token_ids = encoding.truncate(ids, serving.engine.max_model_len)
-        self.request = serving.engine.prepare_request(self.token_ids, params)
         if isinstance(prompt, str) and len(self.token_ids) == len(ids):
             self.text: str | None = prompt
         else:  # token ids, or what truncation left: its text only where echo needs it
@@ -61,16 +59,14 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     check_prompts(serving.limits, len(req.prompts), params.best_of)
     if req.stream:
         reject_unstreamable(params)
-    prompts = await serving.tokenization(request, lambda: _prompts(serving, req, params))
+    prompts = await serving.tokenization(request, lambda: _prompts(serving, req))
     check_prompt_tokens(serving.limits, sum(len(p.token_ids) for p in prompts), "prompt")
-    grammar = await serving.engine.compile_grammar(params)  # one for every prompt
     request_id = new_request_id("cmpl")
     view = _CompletionView(serving, req, params, prompts,
                            response_id(request, "cmpl-", req.request_id))
     async with serving.batch() as batch:
-        for i, prompt in enumerate(prompts):
-            batch.add(f"{request_id}-{i}", prompt.request, params, prompt.text,
-                      grammar=grammar)
+        await batch.submit(params, [(f"{request_id}-{i}", prompt.token_ids, prompt.text)
+                                    for i, prompt in enumerate(prompts)])
         if req.stream:
             await batch.admitted()
             return await stream_events(request, view.stream(batch))
@@ -78,9 +74,9 @@ async def create_completion(request: web.Request) -> web.StreamResponse:
     return json_response(view.response(finals))
 
 
-def _prompts(serving: Serving, req: CompletionRequest, params: SamplingParams) -> list[_Prompt]:
-    # Run off the event loop for a large body; the engine takes each prepared request as is.
-    return [_Prompt(serving, p, req.echo, req.encoding, params) for p in req.prompts]
+def _prompts(serving: Serving, req: CompletionRequest) -> list[_Prompt]:
+    # Run off the event loop for a large body.
+    return [_Prompt(serving, p, req.echo, req.encoding) for p in req.prompts]
 
 
 def _params(req: CompletionRequest) -> SamplingParams:

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -21,13 +20,15 @@ from pagedserve.common.engine_errors import RequestFailedError
 from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.api.telemetry.metrics import ServerMetrics
 from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 
 if TYPE_CHECKING:
     from pagedserve.server.api.telemetry.tracing import ServerTracing
     from pagedserve.server.engine.async_engine import AsyncEngine, RequestStream
-    from pagedserve.server.engine.core.request_preparation import PreparedRequest
 
 _Item = tuple[int, RequestOutput | BaseException]
+# One engine request: its id, its prompt's token ids and text (None: ids only).
+Prompt = tuple[str, list[int], str | None]
 
 
 class GenerationBatch:
@@ -54,20 +55,17 @@ class GenerationBatch:
         self._active.discard(self)
         self._abort_unfinished()
 
-    def add(self, request_id: str, request: PreparedRequest, params: SamplingParams,
-            prompt: str | None, grammar: Any = None) -> None:
-        """Submits one engine request ``AsyncEngine.prepare_request`` checked; raises the
-        engine's errors at once. ``params``: as the client gave them (what metrics and
-        traces report); ``grammar``: their ``structured_outputs`` compiled
-        (``AsyncEngine.compile_grammar``)."""
-        if grammar is not None:
-            request = replace(request, grammar=grammar)
-        stream = self._engine.add_prepared(request_id, request, prompt=prompt,
-                                           tenant=self._tenant)
-        self._streams.append(stream)
-        self._params.append(params)
-        self._unfinished.add(request_id)
-        self._last_token_time.append(None)
+    async def submit(self, params: SamplingParams, prompts: Sequence[Prompt]) -> None:
+        """Hands the engine one request per prompt through its door
+        (``AsyncEngine.generate``); raises the engine's errors, and then none was added."""
+        requests = [EngineRequest(request_id, token_ids, params, prompt=text,
+                                  tenant=self._tenant)
+                    for request_id, token_ids, text in prompts]
+        for request, stream in zip(requests, await self._engine.generate(requests)):
+            self._streams.append(stream)
+            self._params.append(params)
+            self._unfinished.add(request.request_id)
+            self._last_token_time.append(None)
 
     async def admitted(self) -> None:
         """Returns once the engine has admitted every request; raises the first rejection.

@@ -38,7 +38,6 @@ from pagedserve.server.api.serving.pipeline import (
 )
 from pagedserve.server.api.serving.responses_output import StreamedOutput, output_items
 from pagedserve.server.engine.core.outputs import RequestOutput
-from pagedserve.server.engine.core.request_preparation import PreparedRequest
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -47,17 +46,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     serving.check_model(req.model)
     params = sampling_params(req.sampling, max_tokens=req.max_output_tokens, logprobs=None)
 
-    def encode_and_prepare() -> tuple[str, PreparedRequest]:
-        text, token_ids = encode_chat(serving, req.messages, req.rendering)
-        # Off the loop for a large body, and once: the engine takes the prepared request.
-        return text, serving.engine.prepare_request(token_ids, params)
-
-    text, prepared = await serving.tokenization(request, encode_and_prepare)
-    check_prompt_tokens(serving.limits, len(prepared.prompt_token_ids), "input")
-    grammar = await serving.engine.compile_grammar(params)
+    text, token_ids = await serving.tokenization(
+        request, lambda: encode_chat(serving, req.messages, req.rendering))
+    check_prompt_tokens(serving.limits, len(token_ids), "input")
     view = _ResponseView(serving, req, params, response_id(request, "resp_", req.request_id))
     async with serving.batch() as batch:
-        batch.add(new_request_id("resp"), prepared, params, text, grammar=grammar)
+        await batch.submit(params, [(new_request_id("resp"), token_ids, text)])
         if req.stream:
             await batch.admitted()
             return await stream_typed_events(request, view.stream(batch))

@@ -1,5 +1,9 @@
 """A request checked once and given its final parameters before the scheduler sees it.
 
+An ``EngineRequest`` is what a caller hands the engine's door (``LLMEngine.add_requests``,
+``AsyncEngine.generate``): the prompt's ids, the parameters as the caller gave them, and
+who asks.
+
 ``RequestPreparer.prepare`` settles what the engine adds: the ``max_tokens`` default (the
 room the prompt leaves), the checkpoint's other end tokens as stop ids, the bad words as
 token ids, and every id checked against the vocabulary. It changes nothing and may run in
@@ -24,9 +28,24 @@ from pagedserve.server.tokenizer.base import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One request through the engine's door. ``prompt``: the prompt's text, when there is
+    one (outputs echo it); ``tenant``: whose request it is, for the scheduler's fairness
+    between tenants; ``cache_salt``: keeps its prefix-cache blocks apart from others'."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    tenant: str | None = None
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """A request ``RequestPreparer.prepare`` checked, with its final parameters, and the
-    compiled grammar of its structured output once compiled (``compile_grammar``)."""
+    compiled grammar of its structured output once compiled (``compile_grammar``): the
+    engine's door fills it in before the request is added."""
 
     prompt_token_ids: list[int]
     params: SamplingParams
