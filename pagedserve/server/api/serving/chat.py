@@ -2,38 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
-
-from aiohttp import web
 
 from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.api.config.app_keys import CONFIG_KEY
 from pagedserve.server.api.http.api_errors import invalid_request
-from pagedserve.server.api.http.jsonio import json_response, read_request
-from pagedserve.server.api.http.limits import check_prompt_tokens
-from pagedserve.server.api.http.sse import stream_events
 from pagedserve.server.api.protocol.chat import (
     ChatCompletionRequest,
     ChatRendering,
     parse_chat_request,
 )
+from pagedserve.server.api.serving.choices import StreamTracker, new_logprobs, usage
 from pagedserve.server.api.serving.generation import GenerationBatch
 from pagedserve.server.api.serving.logprobs import chat_logprobs, vllm_prompt_logprobs
 from pagedserve.server.api.serving.pipeline import (
+    EncodedPrompt,
+    Events,
+    Route,
     Serving,
-    StreamTracker,
-    new_logprobs,
-    new_request_id,
-    now_seconds,
     reject_unstreamable,
-    response_id,
     sampling_params,
-    usage,
 )
 from pagedserve.server.api.tools.grammar_calls import NamedCall
 from pagedserve.server.api.tools.parsers import ToolParser, ToolStream
-from pagedserve.server.engine.core.outputs import PositionLogprobs
+from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestOutput
 from pagedserve.server.tokenizer.chat_template import content_text
 
 OBJECT = "chat.completion"
@@ -53,17 +45,36 @@ def encode_chat(serving: Serving, messages: list[Any], rendering: ChatRendering,
         allow_special_tokens_in_content=serving.app[CONFIG_KEY].allow_special_tokens_in_content)
 
 
-async def create_chat_completion(request: web.Request) -> web.StreamResponse:
-    req = await read_request(request, parse_chat_request)
-    serving = Serving.of(request)
-    serving.check_model(req.model)
-    params = sampling_params(
-        req.sampling,
-        max_tokens=req.max_tokens,
-        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
-        prompt_logprobs=req.sampling.pop("prompt_logprobs", None),
-    )
-    if req.stream:
+class ChatCompletion(Route[ChatCompletionRequest]):
+    id_prefix = "chatcmpl"
+    response_prefix = "chatcmpl-"
+    prompt_field = "messages"
+
+    def __init__(self, serving: Serving, req: ChatCompletionRequest, params: SamplingParams,
+                 prompts: list[EncodedPrompt], response_id: str) -> None:
+        super().__init__(serving, req, params, prompts, response_id)
+        self.echoed = _echoed(req)
+        self.tool_parser = None if req.tools is None else req.tools.parser(
+            serving.tool_parser())
+
+    @classmethod
+    def parse(cls, body: Any) -> ChatCompletionRequest:
+        return parse_chat_request(body)
+
+    @classmethod
+    def params_of(cls, req: ChatCompletionRequest) -> SamplingParams:
+        return sampling_params(
+            req.sampling,
+            max_tokens=req.max_tokens,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            prompt_logprobs=req.sampling.pop("prompt_logprobs", None),
+        )
+
+    @classmethod
+    def check(cls, serving: Serving, req: ChatCompletionRequest,
+              params: SamplingParams) -> None:
+        if not req.stream:
+            return
         reject_unstreamable(params)
         if params.prompt_logprobs is not None:
             # As in vLLM: a chat stream has no place for them (a completions stream puts
@@ -71,53 +82,14 @@ async def create_chat_completion(request: web.Request) -> web.StreamResponse:
             raise invalid_request("prompt_logprobs is not available when stream is true",
                                   param="prompt_logprobs")
 
-    def encode() -> tuple[str, list[int]]:
+    @classmethod
+    def encode(cls, serving: Serving, req: ChatCompletionRequest) -> list[EncodedPrompt]:
         text, ids = encode_chat(serving, req.messages, req.rendering,
                                 req.encoding.add_special_tokens)
         token_ids = req.encoding.truncate(ids, serving.engine.max_model_len)
         if len(token_ids) < len(ids):
             text = serving.tokenizer.decode(token_ids)
-        return text, token_ids
-
-    text, token_ids = await serving.tokenization(request, encode)
-    check_prompt_tokens(serving.limits, len(token_ids), "messages")
-    request_id = new_request_id("chatcmpl")
-    view = _ChatView(serving, req, params, response_id(request, "chatcmpl-", req.request_id))
-    async with serving.batch() as batch:
-        await batch.submit(params, [(request_id, token_ids, text)])
-        if req.stream:
-            await batch.admitted()
-            return await stream_events(request, view.stream(batch))
-        (final,) = await batch.final_outputs()
-    choices = []
-    for o in sorted(final.outputs, key=lambda o: o.index):
-        message, finish_reason = view.message(o.text, o.finish_reason)
-        choices.append({
-            "index": o.index,
-            "message": message,
-            "logprobs": view.logprobs(o.token_ids, new_logprobs(o, 0)),
-            "finish_reason": finish_reason,
-            "stop_reason": o.stop_reason,
-        })
-    body = {**view.envelope(OBJECT), "choices": choices, "usage": usage([final])}
-    if params.prompt_logprobs is not None:
-        # vLLM's place for them: the response, since every choice shares the prompt.
-        body["prompt_logprobs"] = vllm_prompt_logprobs(serving.engine.tokenizer,
-                                                       final.prompt_logprobs, req.tokens_as_ids)
-    return json_response(body)
-
-
-class _ChatView:
-    def __init__(self, serving: Serving, req: ChatCompletionRequest, params: SamplingParams,
-                 request_id: str) -> None:
-        self.serving = serving
-        self.req = req
-        self.params = params
-        self.request_id = request_id
-        self.created = now_seconds()
-        self.echoed = _echoed(req)
-        self.tool_parser = None if req.tools is None else req.tools.parser(
-            serving.tool_parser())
+        return [EncodedPrompt(text, token_ids)]
 
     def message(self, text: str, finish_reason: str | None
                 ) -> tuple[dict[str, Any], str | None]:
@@ -139,8 +111,24 @@ class _ChatView:
             return "tool_calls"
         return finish_reason
 
-    def envelope(self, kind: str) -> dict[str, Any]:
-        return self.serving.envelope(self.request_id, self.created, kind)
+    def body(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        (final,) = finals
+        choices = []
+        for o in sorted(final.outputs, key=lambda o: o.index):
+            message, finish_reason = self.message(o.text, o.finish_reason)
+            choices.append({
+                "index": o.index,
+                "message": message,
+                "logprobs": self.logprobs(o.token_ids, new_logprobs(o, 0)),
+                "finish_reason": finish_reason,
+                "stop_reason": o.stop_reason,
+            })
+        body = {**self.envelope(OBJECT), "choices": choices, "usage": usage(finals)}
+        if self.params.prompt_logprobs is not None:
+            # vLLM's place for them: the response, since every choice shares the prompt.
+            body["prompt_logprobs"] = vllm_prompt_logprobs(
+                self.serving.engine.tokenizer, final.prompt_logprobs, self.req.tokens_as_ids)
+        return body
 
     def logprobs(self, token_ids: list[int],
                  positions: list[PositionLogprobs | None] | None) -> dict[str, Any] | None:
@@ -149,7 +137,7 @@ class _ChatView:
         return chat_logprobs(self.serving.tokenizer, token_ids, positions or [],
                              self.req.top_logprobs or 0, self.req.tokens_as_ids)
 
-    async def stream(self, batch: GenerationBatch) -> AsyncIterator[list[dict[str, Any]]]:
+    async def stream(self, batch: GenerationBatch) -> Events:
         envelope = self.envelope(CHUNK_OBJECT)
         if self.req.include_usage:
             envelope["usage"] = None
@@ -215,3 +203,6 @@ def _echoed(req: ChatCompletionRequest) -> str:
     if not req.echo or last.get("role") != ROLE:
         return ""
     return content_text(len(req.messages) - 1, last.get("content") or "")
+
+
+create_chat_completion = ChatCompletion.handle

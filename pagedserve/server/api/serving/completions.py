@@ -2,106 +2,70 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-from aiohttp import web
-
 from pagedserve.common.sampling_params import SamplingParams
-from pagedserve.server.api.http.jsonio import json_response, read_request
-from pagedserve.server.api.http.limits import check_prompt_tokens, check_prompts
-from pagedserve.server.api.http.sse import stream_events
+from pagedserve.server.api.http.limits import check_prompts
 from pagedserve.server.api.protocol.completions import (
     CompletionRequest,
     PromptInput,
     parse_completion_request,
 )
 from pagedserve.server.api.protocol.prompt import PromptEncoding
+from pagedserve.server.api.serving.choices import StreamTracker, new_logprobs, usage
 from pagedserve.server.api.serving.generation import GenerationBatch
 from pagedserve.server.api.serving.logprobs import CompletionLogprobs, vllm_prompt_logprobs
 from pagedserve.server.api.serving.pipeline import (
+    EncodedPrompt,
+    Events,
+    Route,
     Serving,
-    StreamTracker,
-    new_logprobs,
-    new_request_id,
-    now_seconds,
     reject_unstreamable,
-    response_id,
     sampling_params,
-    usage,
 )
 from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestOutput
 
 OBJECT = "text_completion"
 
 
-class _Prompt:
-    """A prompt as the engine takes it, and its text for ``echo``."""
-
-    __slots__ = ("text", "token_ids")
-
-    def __init__(self, serving: Serving, prompt: PromptInput, need_text: bool,
-                 encoding: PromptEncoding) -> None:
-        ids = (serving.tokenizer.encode(prompt, add_special_tokens=encoding.add_special_tokens)
-               if isinstance(prompt, str) else prompt)
-        self.token_ids = encoding.truncate(ids, serving.engine.max_model_len)
-        if isinstance(prompt, str) and len(self.token_ids) == len(ids):
-            self.text: str | None = prompt
-        else:  # token ids, or what truncation left: its text only where echo needs it
-            self.text = serving.tokenizer.decode(self.token_ids) if need_text else None
-
-
-async def create_completion(request: web.Request) -> web.StreamResponse:
-    req = await read_request(request, parse_completion_request)
-    serving = Serving.of(request)
-    serving.check_model(req.model)
-    params = _params(req)
-    check_prompts(serving.limits, len(req.prompts), params.best_of)
-    if req.stream:
-        reject_unstreamable(params)
-    prompts = await serving.tokenization(request, lambda: _prompts(serving, req))
-    check_prompt_tokens(serving.limits, sum(len(p.token_ids) for p in prompts), "prompt")
-    request_id = new_request_id("cmpl")
-    view = _CompletionView(serving, req, params, prompts,
-                           response_id(request, "cmpl-", req.request_id))
-    async with serving.batch() as batch:
-        await batch.submit(params, [(f"{request_id}-{i}", prompt.token_ids, prompt.text)
-                                    for i, prompt in enumerate(prompts)])
-        if req.stream:
-            await batch.admitted()
-            return await stream_events(request, view.stream(batch))
-        finals = await batch.final_outputs()
-    return json_response(view.response(finals))
-
-
-def _prompts(serving: Serving, req: CompletionRequest) -> list[_Prompt]:
-    # Run off the event loop for a large body.
-    return [_Prompt(serving, p, req.echo, req.encoding) for p in req.prompts]
-
-
-def _params(req: CompletionRequest) -> SamplingParams:
-    prompt_logprobs = req.sampling.pop("prompt_logprobs", None)
-    if req.echo and req.logprobs is not None:
-        # echo shows the prompt's tokens too, so their logprobs are needed.
-        prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
-    return sampling_params(req.sampling, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                           prompt_logprobs=prompt_logprobs)
-
-
-class _CompletionView:
+class Completion(Route[CompletionRequest]):
     """Engine outputs → OpenAI completion objects (whole, or chunk by chunk)."""
 
+    id_prefix = "cmpl"
+    response_prefix = "cmpl-"
+    prompt_field = "prompt"
+    numbered = True  # one engine request per prompt
+
     def __init__(self, serving: Serving, req: CompletionRequest, params: SamplingParams,
-                 prompts: list[_Prompt], request_id: str) -> None:
-        self.serving = serving
-        self.req = req
-        self.params = params
-        self.prompts = prompts
-        self.created = now_seconds()
-        self.envelope = serving.envelope(request_id, self.created, OBJECT)
+                 prompts: list[EncodedPrompt], response_id: str) -> None:
+        super().__init__(serving, req, params, prompts, response_id)
+        self._head = self.envelope(OBJECT)
         self._logprobs: dict[int, CompletionLogprobs] = {}
 
-    def response(self, finals: list[RequestOutput]) -> dict[str, Any]:
+    @classmethod
+    def parse(cls, body: Any) -> CompletionRequest:
+        return parse_completion_request(body)
+
+    @classmethod
+    def params_of(cls, req: CompletionRequest) -> SamplingParams:
+        prompt_logprobs = req.sampling.pop("prompt_logprobs", None)
+        if req.echo and req.logprobs is not None:
+            # echo shows the prompt's tokens too, so their logprobs are needed.
+            prompt_logprobs = max(req.logprobs, prompt_logprobs or 0)
+        return sampling_params(req.sampling, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                               prompt_logprobs=prompt_logprobs)
+
+    @classmethod
+    def check(cls, serving: Serving, req: CompletionRequest, params: SamplingParams) -> None:
+        check_prompts(serving.limits, len(req.prompts), params.best_of)
+        if req.stream:
+            reject_unstreamable(params)
+
+    @classmethod
+    def encode(cls, serving: Serving, req: CompletionRequest) -> list[EncodedPrompt]:
+        return [_encode(serving, p, req.echo, req.encoding) for p in req.prompts]
+
+    def body(self, finals: list[RequestOutput]) -> dict[str, Any]:
         choices = []
         for i, final in enumerate(finals):
             for o in final.outputs:
@@ -112,9 +76,9 @@ class _CompletionView:
                 choice["stop_reason"] = o.stop_reason
                 choices.append(choice)
         choices.sort(key=lambda c: c["index"])
-        return {**self.envelope, "choices": choices, "usage": usage(finals)}
+        return {**self._head, "choices": choices, "usage": usage(finals)}
 
-    async def stream(self, batch: GenerationBatch) -> AsyncIterator[list[dict[str, Any]]]:
+    async def stream(self, batch: GenerationBatch) -> Events:
         tracker = StreamTracker(self.params.n)
         usage_field = {"usage": None} if self.req.include_usage else {}
         async for i, output in batch.outputs():
@@ -124,13 +88,13 @@ class _CompletionView:
                                       d.first)
                 choice["finish_reason"] = d.finish_reason
                 choice["stop_reason"] = d.stop_reason
-                chunk = {**self.envelope, "choices": [choice], **usage_field}
+                chunk = {**self._head, "choices": [choice], **usage_field}
                 if self.req.continuous_usage:
                     chunk["usage"] = tracker.choice_usage(d.index)
                 chunks.append(chunk)
             yield chunks
         if self.req.include_usage:
-            yield [{**self.envelope, "choices": [], "usage": tracker.usage()}]
+            yield [{**self._head, "choices": [], "usage": tracker.usage()}]
 
     def _choice(self, index: int, prompt_index: int, output: RequestOutput, text: str,
                 token_ids: list[int], logprobs: list[PositionLogprobs | None] | None,
@@ -164,3 +128,19 @@ class _CompletionView:
             token_ids = output.prompt_token_ids + token_ids
             positions = list(prompt_positions) + positions
         return builder.extend(token_ids, positions)
+
+
+
+def _encode(serving: Serving, prompt: PromptInput, need_text: bool,
+            encoding: PromptEncoding) -> EncodedPrompt:
+    """A prompt as the engine takes it, and its text for ``echo``."""
+    ids = (serving.tokenizer.encode(prompt, add_special_tokens=encoding.add_special_tokens)
+           if isinstance(prompt, str) else prompt)
+    token_ids = encoding.truncate(ids, serving.engine.max_model_len)
+    if isinstance(prompt, str) and len(token_ids) == len(ids):
+        return EncodedPrompt(prompt, token_ids)
+    # Token ids, or what truncation left: its text only where echo needs it.
+    return EncodedPrompt(serving.tokenizer.decode(token_ids) if need_text else None, token_ids)
+
+
+create_completion = Completion.handle

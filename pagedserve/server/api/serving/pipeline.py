@@ -1,15 +1,18 @@
-"""What the completions and chat handlers share: body parsing, the model check, prompt
-encoding, per-request sampling params, and the bookkeeping that turns cumulative engine
-outputs into per-choice deltas and usage."""
+"""The pipeline every generation route runs (``Route.handle``): read and check the body,
+check the model, build the sampling params, encode the prompts (off the event loop for a
+large body), check the server's token limit, hand the prompts to the engine's door, then
+stream the outputs or collect them. A route adds only its protocol: its body, its params
+and refusals, its prompts, and the view that shapes engine outputs into its responses."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -17,13 +20,14 @@ from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.api.config.app_keys import CONFIG_KEY, ENGINE_KEY, MODEL_NAMES_KEY
 from pagedserve.server.api.http.admission import TENANT
 from pagedserve.server.api.http.api_errors import invalid_request, model_not_found
-from pagedserve.server.api.http.jsonio import off_loop
-from pagedserve.server.api.http.limits import ServerLimits
-from pagedserve.server.api.serving.generation import BATCHES_KEY, GenerationBatch
+from pagedserve.server.api.http.jsonio import json_response, off_loop, read_request
+from pagedserve.server.api.http.limits import ServerLimits, check_prompt_tokens
+from pagedserve.server.api.http.sse import stream_events, stream_typed_events
+from pagedserve.server.api.serving.generation import BATCHES_KEY, GenerationBatch, Prompt
 from pagedserve.server.api.telemetry.metrics import METRICS_KEY
 from pagedserve.server.api.telemetry.tracing import TRACING_KEY
 from pagedserve.server.api.tools.parsers import TOOL_PARSERS, ToolParser
-from pagedserve.server.engine.core.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from pagedserve.server.engine.core.outputs import RequestOutput
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.async_engine import AsyncEngine
@@ -35,6 +39,7 @@ except importlib.metadata.PackageNotFoundError:  # running from a source tree
     VERSION = "0.0.0"
 SYSTEM_FINGERPRINT = f"fp_pagedserve_{VERSION}"
 T = TypeVar("T")
+Events = AsyncIterator[list[dict[str, Any]]]
 
 
 def new_request_id(prefix: str) -> str:
@@ -133,81 +138,106 @@ def reject_unstreamable(params: SamplingParams) -> None:
         )
 
 
-def new_logprobs(output: CompletionOutput, start: int) -> list[PositionLogprobs | None] | None:
-    """The logprobs of tokens ``start:`` of ``output`` (the engine's list may run ahead)."""
-    if output.logprobs is None:
-        return None
-    return list(output.logprobs[start : len(output.token_ids)])
-
-
-def usage(finals: list[RequestOutput]) -> dict[str, int]:
-    prompt = sum(len(f.prompt_token_ids) for f in finals)
-    completion = sum(len(o.token_ids) for f in finals for o in f.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
-
-
 @dataclass(slots=True)
-class ChoiceDelta:
-    """What one choice gained since it was last sent."""
+class EncodedPrompt:
+    """A prompt as the engine takes it, and its text (None where nothing needs it)."""
 
-    index: int
-    text: str
+    text: str | None
     token_ids: list[int]
-    logprobs: list[PositionLogprobs | None] | None
-    finish_reason: str | None
-    stop_reason: int | str | None
-    first: bool
 
 
-@dataclass(slots=True)
-class _Sent:
-    text_len: int = 0
-    num_tokens: int = 0
-    finished: bool = False
+class RouteRequest(Protocol):
+    """What the pipeline reads of every route's request body."""
+
+    model: str
+    stream: bool
+    request_id: str | None
 
 
-@dataclass(slots=True)
-class StreamTracker:
-    """Per-choice progress of a stream; choice index = prompt index · n + output index."""
-
-    n: int
-    _sent: dict[int, _Sent] = field(default_factory=dict)
-    _prompt_tokens: dict[int, int] = field(default_factory=dict)
-
-    def deltas(self, prompt_index: int, output: RequestOutput) -> list[ChoiceDelta]:
-        self._prompt_tokens[prompt_index] = len(output.prompt_token_ids)
-        deltas = []
-        for o in output.outputs:
-            index = prompt_index * self.n + o.index
-            sent = self._sent.setdefault(index, _Sent())
-            grew = len(o.token_ids) > sent.num_tokens or len(o.text) > sent.text_len
-            if sent.finished or not (grew or o.finished):
-                continue
-            deltas.append(ChoiceDelta(
-                index=index,
-                text=o.text[sent.text_len:],
-                token_ids=o.token_ids[sent.num_tokens:],
-                logprobs=new_logprobs(o, sent.num_tokens),
-                finish_reason=o.finish_reason,
-                stop_reason=o.stop_reason,
-                first=sent.num_tokens == 0 and sent.text_len == 0,
-            ))
-            sent.text_len, sent.num_tokens = len(o.text), len(o.token_ids)
-            sent.finished = o.finished
-        return deltas
-
-    def usage(self) -> dict[str, int]:
-        prompt = sum(self._prompt_tokens.values())
-        completion = sum(s.num_tokens for s in self._sent.values())
-        return _usage(prompt, completion)
-
-    def choice_usage(self, index: int) -> dict[str, int]:
-        """One choice's usage so far (vLLM's ``continuous_usage_stats``): its prompt, its
-        tokens."""
-        return _usage(self._prompt_tokens[index // self.n], self._sent[index].num_tokens)
+Req = TypeVar("Req", bound=RouteRequest)
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+class Route(ABC, Generic[Req]):
+    """One generation route. The class holds the protocol that the pipeline asks for before
+    anything is tokenized (``parse``, ``params_of``, ``check``, ``encode``); an instance is
+    one request's view, which shapes its engine outputs (``stream``, ``body``). ``handle``
+    runs the pipeline: it is the route's aiohttp handler.
+
+    ``id_prefix`` names the engine requests (``PREFIX-<hex>``, and ``-<i>`` for each prompt
+    when ``numbered``); ``response_prefix`` goes before the id a response carries;
+    ``prompt_field`` is the field blamed for too many prompt tokens; ``typed_events``: the
+    stream sends typed events (``event:`` lines, no ``[DONE]``) instead of chunks."""
+
+    id_prefix: ClassVar[str]
+    response_prefix: ClassVar[str]
+    prompt_field: ClassVar[str]
+    numbered: ClassVar[bool] = False
+    typed_events: ClassVar[bool] = False
+
+    def __init__(self, serving: Serving, req: Req, params: SamplingParams,
+                 prompts: list[EncodedPrompt], response_id: str) -> None:
+        self.serving = serving
+        self.req = req
+        self.params = params
+        self.prompts = prompts
+        self.response_id = response_id
+        self.created = now_seconds()
+
+    @classmethod
+    @abstractmethod
+    def parse(cls, body: Any) -> Req:
+        """The request body, read and type-checked (a ``protocol`` parser)."""
+
+    @classmethod
+    @abstractmethod
+    def params_of(cls, req: Req) -> SamplingParams:
+        """The sampling params the body asks for."""
+
+    @classmethod
+    def check(cls, serving: Serving, req: Req, params: SamplingParams) -> None:
+        """The route's own refusals, before anything is tokenized."""
+
+    @classmethod
+    @abstractmethod
+    def encode(cls, serving: Serving, req: Req) -> list[EncodedPrompt]:
+        """The prompts as token ids (off the event loop for a large body)."""
+
+    @abstractmethod
+    def stream(self, batch: GenerationBatch) -> Events:
+        """The stream's events, a list per step."""
+
+    @abstractmethod
+    def body(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        """The whole response, from each prompt's final output."""
+
+    def envelope(self, kind: str) -> dict[str, Any]:
+        return self.serving.envelope(self.response_id, self.created, kind)
+
+    @classmethod
+    async def handle(cls, request: web.Request) -> web.StreamResponse:
+        req = await read_request(request, cls.parse)
+        serving = Serving.of(request)
+        serving.check_model(req.model)
+        params = cls.params_of(req)
+        cls.check(serving, req, params)
+        prompts = await serving.tokenization(request, lambda: cls.encode(serving, req))
+        check_prompt_tokens(serving.limits, sum(len(p.token_ids) for p in prompts),
+                            cls.prompt_field)
+        view = cls(serving, req, params, prompts,
+                   response_id(request, cls.response_prefix, req.request_id))
+        async with serving.batch() as batch:
+            await batch.submit(params, cls._engine_requests(prompts))
+            if req.stream:
+                await batch.admitted()
+                send = stream_typed_events if cls.typed_events else stream_events
+                return await send(request, view.stream(batch))
+            finals = await batch.final_outputs()
+        return json_response(view.body(finals))
+
+    @classmethod
+    def _engine_requests(cls, prompts: list[EncodedPrompt]) -> list[Prompt]:
+        request_id = new_request_id(cls.id_prefix)
+        if not cls.numbered:
+            (prompt,) = prompts
+            return [(request_id, prompt.token_ids, prompt.text)]
+        return [(f"{request_id}-{i}", p.token_ids, p.text) for i, p in enumerate(prompts)]

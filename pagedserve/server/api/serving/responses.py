@@ -15,63 +15,51 @@ each item's events (``responses_output.py``), one delta per step, and ``response
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
-from aiohttp import web
-
 from pagedserve.common.sampling_params import SamplingParams
-from pagedserve.server.api.http.jsonio import json_response, read_request
-from pagedserve.server.api.http.limits import check_prompt_tokens
-from pagedserve.server.api.http.sse import stream_typed_events
 from pagedserve.server.api.protocol.responses import ResponsesRequest, parse_responses_request
 from pagedserve.server.api.protocol.responses_tools import response_tool_choice, response_tools
 from pagedserve.server.api.serving.chat import encode_chat
+from pagedserve.server.api.serving.choices import StreamTracker
 from pagedserve.server.api.serving.generation import GenerationBatch
 from pagedserve.server.api.serving.pipeline import (
+    EncodedPrompt,
+    Events,
+    Route,
     Serving,
-    StreamTracker,
-    new_request_id,
-    now_seconds,
-    response_id,
     sampling_params,
 )
 from pagedserve.server.api.serving.responses_output import StreamedOutput, output_items
 from pagedserve.server.engine.core.outputs import RequestOutput
 
 
-async def create_response(request: web.Request) -> web.StreamResponse:
-    req = await read_request(request, parse_responses_request)
-    serving = Serving.of(request)
-    serving.check_model(req.model)
-    params = sampling_params(req.sampling, max_tokens=req.max_output_tokens, logprobs=None)
-
-    text, token_ids = await serving.tokenization(
-        request, lambda: encode_chat(serving, req.messages, req.rendering))
-    check_prompt_tokens(serving.limits, len(token_ids), "input")
-    view = _ResponseView(serving, req, params, response_id(request, "resp_", req.request_id))
-    async with serving.batch() as batch:
-        await batch.submit(params, [(new_request_id("resp"), token_ids, text)])
-        if req.stream:
-            await batch.admitted()
-            return await stream_typed_events(request, view.stream(batch))
-        (final,) = await batch.final_outputs()
-    return json_response(view.response(final))
-
-
-class _ResponseView:
+class Response(Route[ResponsesRequest]):
     """Engine outputs → Response objects and stream events."""
 
+    id_prefix = "resp"
+    response_prefix = "resp_"
+    prompt_field = "input"
+    typed_events = True
+
     def __init__(self, serving: Serving, req: ResponsesRequest, params: SamplingParams,
-                 response_id: str):
-        self.serving = serving
-        self.req = req
-        self.params = params
-        self.response_id = response_id
-        self.created_at = now_seconds()
+                 prompts: list[EncodedPrompt], response_id: str) -> None:
+        super().__init__(serving, req, params, prompts, response_id)
         self.tool_parser = None if req.tools is None else req.tools.parser(
             serving.tool_parser())
         self._sequence = 0
+
+    @classmethod
+    def parse(cls, body: Any) -> ResponsesRequest:
+        return parse_responses_request(body)
+
+    @classmethod
+    def params_of(cls, req: ResponsesRequest) -> SamplingParams:
+        return sampling_params(req.sampling, max_tokens=req.max_output_tokens, logprobs=None)
+
+    @classmethod
+    def encode(cls, serving: Serving, req: ResponsesRequest) -> list[EncodedPrompt]:
+        return [EncodedPrompt(*encode_chat(serving, req.messages, req.rendering))]
 
     def response(self, final: RequestOutput | None,
                  items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -81,7 +69,7 @@ class _ResponseView:
         body = {
             "id": self.response_id,
             "object": "response",
-            "created_at": self.created_at,
+            "created_at": self.created,
             "status": "in_progress",
             "error": None,
             "incomplete_details": None,
@@ -116,12 +104,16 @@ class _ResponseView:
                                final.num_cached_tokens)
         return body
 
+    def body(self, finals: list[RequestOutput]) -> dict[str, Any]:
+        (final,) = finals
+        return self.response(final)
+
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return event
 
-    async def stream(self, batch: GenerationBatch) -> AsyncIterator[list[dict[str, Any]]]:
+    async def stream(self, batch: GenerationBatch) -> Events:
         started = self.response(None)
         yield [self._event("response.created", response=started),
                self._event("response.in_progress", response=started)]
@@ -157,3 +149,6 @@ def _usage(prompt: int, completion: int, cached: int | None) -> dict[str, Any]:
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached or 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + completion}
+
+
+create_response = Response.handle
