@@ -15,28 +15,10 @@ import torch
 
 from pagedserve.common.sampling_params import SamplingParams, SamplingType
 from pagedserve.server.sampling.exponential_race import generator_seed
-from pagedserve.server.sampling.grammar import GrammarState, grammar_bitmask
+from pagedserve.server.sampling.grammar import grammar_bitmask
+from pagedserve.server.sampling.sampling_row import SamplingRow
 from pagedserve.server.sampling.token_masks import build_blocked_mask, build_logit_bias
 from pagedserve.server.sampling.validation import validate_token_ids
-
-
-@dataclass(slots=True)
-class SamplingRow:
-    """One sequence that samples a token this step.
-
-    ``seed`` is the effective seed of this sample (the engine passes ``params.seed + i`` for
-    sample ``i``), ``None`` for unseeded sampling. ``bad_words_token_ids`` holds
-    ``params.bad_words`` already tokenized, one id sequence per word. ``grammar`` is the
-    sequence's place in its structured-output grammar, ``None`` for free text.
-    """
-
-    params: SamplingParams
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    seed: int | None = None
-    eos_token_id: int | None = None
-    bad_words_token_ids: Sequence[Sequence[int]] = ()
-    grammar: GrammarState | None = None
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.common.sampling_params import StructuredOutputsParams
-from pagedserve.server.api.protocol.chat import ChatRendering
+from pagedserve.server.api.protocol.chat_rendering import ChatRendering
 from pagedserve.server.api.protocol.fields import Fields, show, type_error
 from pagedserve.server.api.protocol.responses_tools import add_input_item, read_response_tools
 from pagedserve.server.api.protocol.sampling_fields import read_sampling_fields

@@ -6,11 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.common.engine_errors import InvalidRequestError
-from pagedserve.server.api.protocol.chat import (
-    ChatRendering,
-    read_chat_rendering,
-    read_messages,
-)
+from pagedserve.server.api.protocol.chat import read_messages
+from pagedserve.server.api.protocol.chat_rendering import ChatRendering, read_chat_rendering
 from pagedserve.server.api.protocol.fields import Fields, type_error
 
 

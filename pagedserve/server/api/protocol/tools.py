@@ -13,16 +13,14 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.common.sampling_params import StructuredOutputsParams
+from pagedserve.server.api.protocol.chat_rendering import ChatRendering
 from pagedserve.server.api.protocol.fields import Fields, show, type_error
 from pagedserve.server.api.tools.grammar_calls import NamedCall, RequiredCalls
 from pagedserve.server.api.tools.parsers import ToolParser
-
-if TYPE_CHECKING:  # protocol_chat imports this module
-    from pagedserve.server.api.protocol.chat import ChatRendering
 
 _ANY_OBJECT = {"type": "object"}
 

@@ -7,11 +7,8 @@ from typing import Any
 from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.api.config.app_keys import CONFIG_KEY
 from pagedserve.server.api.http.api_errors import invalid_request
-from pagedserve.server.api.protocol.chat import (
-    ChatCompletionRequest,
-    ChatRendering,
-    parse_chat_request,
-)
+from pagedserve.server.api.protocol.chat import ChatCompletionRequest, parse_chat_request
+from pagedserve.server.api.protocol.chat_rendering import ChatRendering
 from pagedserve.server.api.serving.choices import StreamTracker, new_logprobs, usage
 from pagedserve.server.api.serving.generation import GenerationBatch
 from pagedserve.server.api.serving.logprobs import chat_logprobs, vllm_prompt_logprobs

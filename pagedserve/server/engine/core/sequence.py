@@ -7,9 +7,9 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pagedserve.common.block_hash import BlockHash
 from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestMetrics
-from pagedserve.server.engine.core.prefix_cache import BlockHash
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.core.beam_search import BeamState

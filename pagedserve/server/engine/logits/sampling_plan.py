@@ -26,8 +26,9 @@ from pagedserve.server.engine.core.scheduler_output import (
 )
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.logits.prompt_logprobs import PromptChunk, prompt_logprobs
-from pagedserve.server.sampling.metadata import SamplingMetadata, SamplingRow
+from pagedserve.server.sampling.metadata import SamplingMetadata
 from pagedserve.server.sampling.sampler import Sampler, SamplerOutput
+from pagedserve.server.sampling.sampling_row import SamplingRow
 
 
 @dataclass(slots=True)
