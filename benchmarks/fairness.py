@@ -141,7 +141,7 @@ async def probe_health(url: str, interval: float, statuses: list[int]) -> None:
             async with aiohttp.ClientSession(timeout=timeout) as client, client.get(
                     url + "/health") as response:
                 statuses.append(response.status)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             statuses.append(0)
         await asyncio.sleep(interval)
 

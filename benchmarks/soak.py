@@ -87,12 +87,12 @@ async def run_one(session: aiohttp.ClientSession, base_url: str, req: SoakReques
             if req.abort:
                 try:
                     problem = await asyncio.wait_for(coro, rng.uniform(0.02, 0.5))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     outcomes.record("aborted by client")
                     return
             else:
                 problem = await coro
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
     if problem == "aborted":
         outcomes.record("aborted by client")

@@ -123,7 +123,7 @@ async def _open(request: web.Request, state: RouterState, replica: Replica,
         if upstream.content_type == "text/event-stream":
             return upstream, await upstream.content.readany()
         return upstream, await upstream.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         if upstream is not None:
             upstream.close()
         state.replicas.eject(replica, f"request failed: {exc!r}")
@@ -159,7 +159,7 @@ async def _refusal(state: RouterState, replica: Replica,
                    upstream: aiohttp.ClientResponse) -> _TryElsewhere:
     try:
         data = await upstream.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         data = None
         reason = f"{replica.url}: {exc!r}"
     if upstream.status == 503:  # draining or its engine died: out until /health says 200
@@ -196,7 +196,7 @@ async def _stream(request: web.Request, state: RouterState, replica: Replica,
             return response
         try:
             chunk = await content.readany()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             state.replicas.eject(replica, f"stream broke: {exc!r}")
             await _write_error_event(response, replica)
             break

@@ -132,7 +132,7 @@ class Admission:
         """True once nothing admitted is in flight; False if ``timeout`` seconds pass first."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 
