@@ -127,7 +127,7 @@ class SamplingParams:
 
     def _validate(self) -> None:
         _check(self.n >= 1, "n", self.n, "at least 1")
-        _check(self.best_of >= self.n, "best_of", self.best_of, f"at least n ({self.n})")
+        _check(self.num_samples >= self.n, "best_of", self.best_of, f"at least n ({self.n})")
         _check(self.temperature >= 0.0, "temperature", self.temperature, "non-negative")
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "in (0, 1]")
         _check(self.top_k == -1 or self.top_k >= 1, "top_k", self.top_k, "-1 (off) or at least 1")
@@ -173,8 +173,13 @@ class SamplingParams:
         return SamplingType.RANDOM
 
     @property
+    def num_samples(self) -> int:
+        """The outputs generated: ``best_of``, which is ``n`` unless set."""
+        return self.n if self.best_of is None else self.best_of
+
+    @property
     def beam_width(self) -> int:
-        return self.best_of if self.use_beam_search else 1
+        return self.num_samples if self.use_beam_search else 1
 
 
 @dataclass(slots=True)

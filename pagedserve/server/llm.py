@@ -44,8 +44,8 @@ class BeamSearchOutput:
             BeamSearchSequence(
                 tokens=result.prompt_token_ids + c.token_ids,
                 text=c.text,
-                cum_logprob=c.cumulative_logprob,
-                score=c.cumulative_logprob / max(1, len(c.token_ids)) ** length_penalty,
+                cum_logprob=c.cumulative_logprob or 0.0,  # a beam always has one
+                score=(c.cumulative_logprob or 0.0) / max(1, len(c.token_ids)) ** length_penalty,
                 finish_reason=c.finish_reason,
             )
             for c in result.outputs
@@ -110,6 +110,9 @@ class LLM:
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            if self.engine.tokenizer is None:
+                raise InvalidRequestError("a text prompt needs a tokenizer; this LLM was built "
+                                          "with skip_tokenizer_init", param="prompt")
             return prompt, self.engine.tokenizer.encode(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return None, [int(t) for t in prompt["prompt_token_ids"]]

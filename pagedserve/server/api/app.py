@@ -148,6 +148,7 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        for batch in list(app[BATCHES_KEY]):
+        active = app[BATCHES_KEY]
+        for batch in list(active):
             batch.interrupt(shutting_down())
         await engine.shutdown()

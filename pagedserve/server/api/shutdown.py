@@ -30,7 +30,8 @@ async def drain(app: web.Application, timeout: float) -> bool:
                 admission.in_flight, timeout)
     if await admission.wait_idle(timeout):
         return True
-    batches = list(app[BATCHES_KEY])
+    active = app[BATCHES_KEY]
+    batches = list(active)
     logger.warning("drain timeout: aborting %d generation(s)", len(batches))
     for batch in batches:
         batch.interrupt(shutting_down())

@@ -71,7 +71,8 @@ class RequestStream:
 
     def _forward(self, item: RequestOutput | BaseException) -> None:
         self.finished = isinstance(item, BaseException) or item.finished
-        self._sink(item)
+        if self._sink is not None:
+            self._sink(item)
 
     def settle_admission(self, error: BaseException | None = None) -> None:
         if not self._admitted.done():
@@ -116,7 +117,8 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.model_config.vocab_size
         self.model_name = engine.args.model
-        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        # ("add", request, prepared, arrival) or ("abort", request_id)
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, RequestStream] = {}
         self._thread: threading.Thread | None = None
@@ -305,7 +307,8 @@ class AsyncEngine:
             logger.exception("engine loop failed")
             self._failure = exc
             self._fail_all(EngineDeadError(f"the engine loop failed: {exc!r}"))
-            self._loop.call_soon_threadsafe(self._failed.set)
+            if self._failed is not None:
+                self._to_loop(self._failed.set)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -333,7 +336,7 @@ class AsyncEngine:
         except Exception as exc:  # rejected by the scheduler: the caller gets the error
             self._send(request.request_id, exc)
             return
-        self._loop.call_soon_threadsafe(stream.settle_admission)
+        self._to_loop(stream.settle_admission)
 
     def _step(self) -> None:
         self._num_steps += 1
@@ -356,12 +359,18 @@ class AsyncEngine:
                 self._streams.pop(output.request_id, None)
             delivery.append((stream, output))
         if delivery:
-            self._loop.call_soon_threadsafe(_put_all, delivery)
+            self._to_loop(_put_all, delivery)
 
     def _send(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
-            self._loop.call_soon_threadsafe(stream.put, exc)
+            self._to_loop(stream.put, exc)
+
+    def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
+        """``callback(*args)`` on the event loop the engine was started from."""
+        if self._loop is None:
+            raise RuntimeError("the engine was not started")
+        self._loop.call_soon_threadsafe(callback, *args)
 
     def _fail_all(self, exc: BaseException) -> None:
         for request_id in list(self._streams):
@@ -373,8 +382,9 @@ def _put_all(delivery: list[tuple[RequestStream, RequestOutput]]) -> None:
         stream.put(output)
 
 
-def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[AsyncEngine], result: AsyncEngine | None,
+            error: BaseException | None) -> None:
     if error is not None:
         future.set_exception(error)
-    else:
+    elif result is not None:
         future.set_result(result)

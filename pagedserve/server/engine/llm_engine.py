@@ -29,10 +29,10 @@ from pagedserve.server.engine.core.request_preparation import (
     RequestPreparer,
 )
 from pagedserve.server.engine.core.scheduler import Scheduler
-from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.scheduler_output import SampledBatch, SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.engine_stats import EngineStats, ParallelInfo, StepStats
-from pagedserve.server.engine.logits.sampling_plan import SampledBatch, SamplingPlan, TokenSampler
+from pagedserve.server.engine.logits.sampling_plan import SamplingPlan, TokenSampler
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.parallel.launcher import WorkerGroup
 from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_cache_memory

@@ -117,7 +117,7 @@ class SamplingMetadata:
 
 def _logprob_rows(rows: Sequence[SamplingRow]) -> list[int] | None:
     needed = [i for i, row in enumerate(rows)
-              if row.params.logprobs is not None or row.params.best_of > row.params.n]
+              if row.params.logprobs is not None or row.params.num_samples > row.params.n]
     return None if len(needed) == len(rows) else needed
 
 

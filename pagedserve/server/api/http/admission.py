@@ -20,10 +20,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
+from pagedserve.common.errors import APIError
 from pagedserve.server.api.http.api_errors import (
     INVALID_REQUEST,
-    APIError,
     invalid_request,
     shutting_down,
 )
@@ -73,12 +74,12 @@ class Admission:
 
         @web.middleware
         async def admission_middleware(request: web.Request,
-                                       handler: Any) -> web.StreamResponse:
+                                       handler: Handler) -> web.StreamResponse:
             return await self._admit(request, handler)
 
         return admission_middleware
 
-    async def _admit(self, request: web.Request, handler: Any) -> web.StreamResponse:
+    async def _admit(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         refusal = self.probe_only.get(request.transport)
         if refusal is not None:
             return await _serve_probe(request, handler, refusal)
@@ -158,7 +159,7 @@ class Admission:
         return matches.index(True)
 
 
-async def _serve_probe(request: web.Request, handler: Any,
+async def _serve_probe(request: web.Request, handler: Handler,
                        refusal: Callable[[], APIError]) -> web.StreamResponse:
     """A probe connection's request: its answer closes the connection, which frees the slot
     for the next probe."""

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from pagedserve.common.engine_errors import (
     EngineDeadError,
@@ -130,7 +130,7 @@ def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIErr
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except (asyncio.CancelledError, ConnectionResetError):

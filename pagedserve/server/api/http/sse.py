@@ -21,12 +21,12 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def encode_event(payload: Any) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
+    return b"data: " + bytes(orjson.dumps(payload)) + b"\n\n"
 
 
 def encode_typed_event(payload: dict[str, Any]) -> bytes:
     """The Responses API's form: the event's ``type`` named on an ``event:`` line too."""
-    return b"event: " + payload["type"].encode() + b"\n" + encode_event(payload)
+    return b"event: " + str(payload["type"]).encode() + b"\n" + encode_event(payload)
 
 
 async def stream_events(request: web.Request,

@@ -7,7 +7,7 @@ JSON ``null`` counts as absent: the OpenAI API accepts null for every optional f
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import orjson
 
@@ -58,6 +58,18 @@ class Fields:
     def raw(self, name: str) -> Any:
         return self._body.pop(name, None)
 
+    @overload
+    def string(self, name: str, default: None = None, *, required: Literal[True],
+               choices: tuple[str, ...] | None = None) -> str: ...
+
+    @overload
+    def string(self, name: str, default: str, *, required: bool = False,
+               choices: tuple[str, ...] | None = None) -> str: ...
+
+    @overload
+    def string(self, name: str, default: None = None, *, required: bool = False,
+               choices: tuple[str, ...] | None = None) -> str | None: ...
+
     def string(self, name: str, default: str | None = None, *, required: bool = False,
                choices: tuple[str, ...] | None = None) -> str | None:
         value = self._required(name) if required else self.raw(name)
@@ -81,7 +93,7 @@ class Fields:
                 _check_range(self._prefix + name, value, minimum, maximum)
             raise type_error(self._prefix + name, "an integer", value)
         _check_range(self._prefix + name, value, minimum, maximum)
-        return value
+        return int(value)
 
     def number(self, name: str, default: float | None = None) -> float | None:
         """A float; ranges are SamplingParams' to check, so its messages stay the single

@@ -13,6 +13,7 @@ any JSON object) as chat's ``response_format`` does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,8 @@ class ResponsesRequest:
 def parse_responses_request(body: Any) -> ResponsesRequest:
     fields = Fields(body)
     text = body.get("text") if isinstance(body, dict) else None
-    echoed_format = text.get("format") if isinstance(text, dict) else None
+    echoed_format: dict[str, Any] | None = (text.get("format") if isinstance(text, dict)
+                                            else None)
     model = fields.string("model", required=True)
     instructions = fields.string("instructions")
     messages = read_input(fields.raw("input"))
@@ -78,7 +80,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
                 f"text.format and {request.sampling['structured_outputs'].source} both "
                 "constrain the output: send one", param="text.format")
         request.sampling["structured_outputs"] = text_format
-        request.text_format = echoed_format  # the Response object repeats it
+        if echoed_format is not None:  # the Response object repeats it
+            request.text_format = echoed_format
     for name in _SINGLE_OUTPUT:
         if name in request.sampling:
             raise InvalidRequestError(f"{name} is not supported by the Responses API (it has "
@@ -189,7 +192,8 @@ def _read_text(text: Fields | None) -> StructuredOutputsParams | None:
     return spec
 
 
-def _refuse_unless(fields: Fields, name: str, accepted, reason: str) -> None:
+def _refuse_unless(fields: Fields, name: str, accepted: Callable[[Any], bool],
+                   reason: str) -> None:
     value = fields.raw(name)
     if value is not None and not accepted(value):
         raise InvalidRequestError(f"{name} {reason}, got {show(value)}", param=name)

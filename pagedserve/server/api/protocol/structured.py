@@ -114,4 +114,6 @@ def _spec(kind: str, value: Any, where: str, any_whitespace: bool) -> Structured
         raise type_error(where, "a non-empty list of non-empty strings", value)
     if not isinstance(value, str) or not value:
         raise type_error(where, "a non-empty string", value)
-    return StructuredOutputsParams(**{kind: value}, source=where)
+    if kind == "regex":
+        return StructuredOutputsParams(regex=value, source=where)
+    return StructuredOutputsParams(grammar=value, source=where)

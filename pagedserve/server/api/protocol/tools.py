@@ -105,7 +105,7 @@ def check_function_type(fields: Fields, where: str) -> None:
 def read_function(function: Fields, where: str) -> dict[str, Any]:
     """A function's ``name``, ``description`` and ``parameters`` (all of ``function``'s
     members: anything else is refused by name)."""
-    checked = {"name": function.string("name", required=True)}
+    checked: dict[str, Any] = {"name": function.string("name", required=True)}
     description = function.string("description")
     if description is not None:
         checked["description"] = description
@@ -198,6 +198,7 @@ def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
         arguments = function.get("arguments") if isinstance(function, dict) else None
         if isinstance(arguments, str):
             with contextlib.suppress(ValueError):  # not JSON: the template gets it as it is
-                call = {**call, "function": {**function, "arguments": json.loads(arguments)}}
+                call = {**call, "function": {**(function or {}),
+                                             "arguments": json.loads(arguments)}}
         calls.append(call)
     return {**message, "tool_calls": calls}

@@ -95,8 +95,8 @@ class ChatCompletion(Route[ChatCompletionRequest]):
         if self.tool_parser is None:
             return {"role": ROLE, "content": self.echoed + text}, finish_reason
         content, calls = self.tool_parser.extract(text)
-        message = {"role": ROLE, "content": self.echoed + content if content is not None
-                   else self.echoed or None}
+        reply = self.echoed + content if content is not None else self.echoed or None
+        message: dict[str, Any] = {"role": ROLE, "content": reply}
         if calls:
             message["tool_calls"] = [call.to_openai() for call in calls]
         return message, self._finish_reason(finish_reason, bool(calls))
@@ -145,8 +145,8 @@ class ChatCompletion(Route[ChatCompletionRequest]):
             for d in tracker.deltas(i, output):
                 text, calls = tools.feed(d.index, d.text, d.finish_reason is not None)
                 text = self.echoed + text if d.first else text
-                delta = {"content": text} if ((d.token_ids and self.tool_parser is None)
-                                              or text) else {}
+                has_text = (d.token_ids and self.tool_parser is None) or text
+                delta: dict[str, Any] = {"content": text} if has_text else {}
                 if calls:
                     delta["tool_calls"] = calls
                 if d.first:

@@ -57,7 +57,7 @@ class Completion(Route[CompletionRequest]):
 
     @classmethod
     def check(cls, serving: Serving, req: CompletionRequest, params: SamplingParams) -> None:
-        check_prompts(serving.limits, len(req.prompts), params.best_of)
+        check_prompts(serving.limits, len(req.prompts), params.num_samples)
         if req.stream:
             reject_unstreamable(params)
 

@@ -124,4 +124,4 @@ class GenerationBatch:
 
 
 # Generations in flight, so that a shutdown past its drain timeout can end them.
-BATCHES_KEY = web.AppKey("batches", set[GenerationBatch])
+BATCHES_KEY: web.AppKey[set[GenerationBatch]] = web.AppKey("batches")

@@ -61,7 +61,10 @@ class CompletionLogprobs:
 
     def extend(self, token_ids: list[int],
                positions: list[PositionLogprobs | None]) -> dict[str, list[Any]]:
-        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        text_offset: list[int] = []
         for token_id, position in zip(token_ids, _padded(token_ids, positions), strict=True):
             tokens.append(token_label(self._tokenizer, token_id, self._as_ids))
             text_offset.append(self._offset)

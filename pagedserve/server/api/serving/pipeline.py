@@ -131,7 +131,7 @@ def reject_unstreamable(params: SamplingParams) -> None:
     if params.use_beam_search:
         raise invalid_request("use_beam_search cannot be combined with stream",
                               param="stream")
-    if params.best_of != params.n:
+    if params.num_samples != params.n:
         raise invalid_request(
             f"best_of ({params.best_of}) different from n ({params.n}) cannot be combined "
             f"with stream", param="stream",

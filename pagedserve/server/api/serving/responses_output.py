@@ -65,7 +65,7 @@ class StreamedOutput:
             self._open = _function_call(delta.id, delta.name or "", "", "in_progress")
             events.append(self._added())
         if delta.arguments:
-            self._open["arguments"] += delta.arguments
+            self._current()["arguments"] += delta.arguments
             events.append(self._item_event("response.function_call_arguments.delta",
                                            delta=delta.arguments))
         return events
@@ -96,11 +96,17 @@ class StreamedOutput:
 
     def _added(self) -> dict[str, Any]:
         return self._event("response.output_item.added", output_index=len(self.items),
-                           item=dict(self._open))
+                           item=dict(self._current()))
 
     def _item_event(self, kind: str, **fields: Any) -> dict[str, Any]:
-        return self._event(kind, item_id=self._open["id"], output_index=len(self.items),
+        return self._event(kind, item_id=self._current()["id"], output_index=len(self.items),
                            **fields)
+
+    def _current(self) -> dict[str, Any]:
+        """The item being streamed; a call's pieces start with its id, which opens it."""
+        if self._open is None:
+            raise RuntimeError("no output item is open")
+        return self._open
 
     def _part_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         return self._item_event(kind, content_index=0, **fields)

@@ -27,7 +27,8 @@ async def tokenize(request: web.Request) -> web.Response:
         if req.messages is not None:
             _, tokens = encode_chat(serving, req.messages, req.rendering, req.add_special_tokens)
         else:
-            tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+            # exactly one of prompt and messages is set (parse_tokenize_request)
+            tokens = tokenizer.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
         return orjson.dumps({"count": len(tokens), "tokens": tokens,
                              "max_model_len": max_model_len})
 

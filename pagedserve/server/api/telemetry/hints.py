@@ -20,8 +20,8 @@ from pagedserve.server.api.http.jsonio import json_response
 from pagedserve.server.api.telemetry.throughput_curve import ThroughputCurve
 
 if TYPE_CHECKING:
-    from pagedserve.server.engine.async_engine import AsyncEngine, EngineStats
-    from pagedserve.server.engine.engine_stats import StepStats
+    from pagedserve.server.engine.async_engine import AsyncEngine
+    from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 
 # Weight of the newest step: about the last five steps count, so a change in the batch shows
 # within a few hundred milliseconds on CPU while one slow step does not swing the signal.

@@ -120,7 +120,8 @@ class EngineStatsCollector(Collector):
         for name, doc, attr in _COUNTERS:
             yield self._family(CounterMetricFamily, name, doc, getattr(stats, attr))
 
-    def _family(self, kind: type, name: str, doc: str, value: float) -> Metric:
+    def _family(self, kind: type[CounterMetricFamily] | type[GaugeMetricFamily], name: str,
+                doc: str, value: float) -> Metric:
         family = kind(name, doc, labels=LABELS)
         family.add_metric(self._values, value)
         return family

@@ -38,7 +38,7 @@ def check_admissible(seq_group: SequenceGroup, config: SchedulerConfig,
     width = seq_group.max_num_running_seqs()
     params = seq_group.sampling_params
     # Name the field the client set: best_of when it widens the request, else n.
-    param = "best_of" if params.best_of > params.n else "n"
+    param = "best_of" if params.num_samples > params.n else "n"
     # Samples or beams of one request are scheduled together, one token each at least.
     for name, limit in (("max_num_seqs", config.max_num_seqs),
                         ("max_num_batched_tokens", config.max_num_batched_tokens)):

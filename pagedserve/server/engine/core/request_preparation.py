@@ -83,8 +83,10 @@ class RequestPreparer:
         defaults go into a copy). The sampler does not check the ids again."""
         prompt_token_ids = list(prompt_token_ids)
         n_prompt = len(prompt_token_ids)
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=max(1, self.max_model_len - n_prompt))
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, self.max_model_len - n_prompt)
+            params = replace(params, max_tokens=max_tokens)
         self._check_prompt_ids(prompt_token_ids)
         extra_eos = self._extra_eos_token_ids(params)
         if extra_eos:
@@ -99,7 +101,7 @@ class RequestPreparer:
         if params.use_beam_search and params.stop:
             raise InvalidRequestError("stop strings are not supported with beam search",
                                       param="stop")
-        check_context_length(n_prompt, params.max_tokens, self.max_model_len)
+        check_context_length(n_prompt, max_tokens, self.max_model_len)
         return PreparedRequest(prompt_token_ids, params, bad_words)
 
     def bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:

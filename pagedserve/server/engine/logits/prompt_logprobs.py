@@ -30,7 +30,7 @@ class PromptChunk:
     def of(cls, group: SequenceGroup, item: ScheduledSequence, row_start: int
            ) -> PromptChunk | None:
         prompt = item.seq.prompt_token_ids
-        done = len(group.prompt_logprobs)  # positions already reported (None at 0)
+        done = len(group.prompt_logprobs or ())  # positions already reported (None at 0)
         start, end = item.num_computed_tokens, item.num_computed_tokens + item.num_new_tokens
         # Row for position p predicts token p + 1; report positions done..len(prompt)-1.
         positions = range(max(start, done - 1), min(end, len(prompt) - 1))
@@ -49,7 +49,7 @@ def prompt_logprobs(chunks: list[PromptChunk], logits: torch.Tensor
     chosen = logprobs.gather(1, targets[:, None])
     ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
     chosen = chosen.squeeze(1).tolist()
-    k = max(c.group.sampling_params.prompt_logprobs for c in chunks)
+    k = max(c.group.sampling_params.prompt_logprobs or 0 for c in chunks)
     top_values, top_ids = logprobs.topk(k, dim=-1) if k else (None, None)
     row = 0
     result = []
@@ -58,7 +58,7 @@ def prompt_logprobs(chunks: list[PromptChunk], logits: torch.Tensor
         positions = []
         for target in chunk.targets:
             position: PositionLogprobs = {target: Logprob(chosen[row], ranks[row])}
-            if want:
+            if want and top_ids is not None and top_values is not None:
                 ids = top_ids[row, :want].tolist()
                 values = top_values[row, :want].tolist()
                 for rank, (tid, value) in enumerate(zip(ids, values), start=1):

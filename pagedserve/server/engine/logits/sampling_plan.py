@@ -64,7 +64,7 @@ class SamplingPlan:
             self.beams.setdefault(group.request_id, (group, []))[1].append((seq, row))
             return
         first = not seq.output_token_ids and len(group.seqs) == 1
-        for k in range(group.sampling_params.best_of if first else 1):
+        for k in range(group.sampling_params.num_samples if first else 1):
             self.rows.append(row)
             self.draws.append(Draw(seq, group, k if first else seq.sample_index, forks=k > 0))
 
@@ -131,7 +131,9 @@ class TokenSampler:
         for group, beam_rows in plan.beams.values():
             beams = [seq for seq, _ in beam_rows]
             scores = [b.cumulative_logprob for b in beams]
-            candidates = group.beam.candidates(scores, logprobs[offset:offset + len(beams)])
+            beam = group.beam
+            assert beam is not None, "a beam row's request runs beam search"
+            candidates = beam.candidates(scores, logprobs[offset:offset + len(beams)])
             steps.append(BeamStep(group, beams, candidates))
             offset += len(beams)
         return steps
