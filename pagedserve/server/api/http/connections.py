@@ -271,7 +271,8 @@ class GuardedTCPSite(web.BaseSite):
     @property
     def urls(self) -> list[str]:
         """Where the site listens, once started (the real port when 0 was asked for)."""
-        sockets = self._server.sockets if isinstance(self._server, asyncio.Server) else ()
+        # uvloop's server is no asyncio.Server, but it has the same sockets.
+        sockets = getattr(self._server, "sockets", None) or ()
         return [f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}" for sock in sockets]
 
     async def start(self) -> None:
