@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,7 @@ def layer_of(module: str) -> str:
     return parts[2]
 
 
+@cache
 def module_files() -> dict[str, Path]:
     modules = {}
     for path in PACKAGE.rglob("*.py"):
@@ -147,6 +149,7 @@ def _type_only_nodes(tree: ast.Module) -> set[int]:
     return found
 
 
+@cache
 def module_imports(path: Path) -> dict[str, bool]:
     """Every module of ours that ``path`` imports, and whether only under ``TYPE_CHECKING``:
     absolute and relative imports, and a string that names a module
@@ -205,6 +208,7 @@ def test_type_only_imports_are_told_apart() -> None:
     assert imports["pagedserve.server.engine.core.sequence"] is False
 
 
+@cache
 def edges() -> list[tuple[str, str]]:
     return [(module, target) for module, path in sorted(module_files().items())
             for target in sorted(imports_of(path))]
