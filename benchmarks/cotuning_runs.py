@@ -19,8 +19,8 @@ from pagedserve.client import (
     PoolConfig,
     build_pool,
 )
-from pagedserve.client.adaptive_plan import DEFAULT_INITIAL_CONCURRENCY
-from pagedserve.client.errors import APIStatusError
+from pagedserve.client.adaptive.adaptive_plan import DEFAULT_INITIAL_CONCURRENCY
+from pagedserve.client.api.client_errors import APIStatusError
 from pagedserve.loadgen.lengths import LengthDistribution
 
 VOCAB = 8192

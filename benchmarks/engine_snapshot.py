@@ -48,11 +48,11 @@ def large_pool_ms(num_blocks: int, repeats: int = 20) -> float:
 
 
 def run(args: argparse.Namespace) -> dict[str, float | int]:
+    from pagedserve.common.sampling_params import SamplingParams
     from pagedserve.server.api.web.engine_state import state_body
     from pagedserve.server.engine.config.engine_args import EngineArgs
     from pagedserve.server.engine.engine_snapshot import BlockState, SnapshotPublisher
     from pagedserve.server.engine.llm_engine import LLMEngine
-    from pagedserve.server.sampling_params import SamplingParams
 
     engine = LLMEngine(EngineArgs(model=args.model, max_num_seqs=args.num_seqs,
                                   max_num_batched_tokens=max(2048, 128 * args.num_seqs),

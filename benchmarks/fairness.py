@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks import harness
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 
 KEYS = {"huge": "huge-tenant-key", "small": "small-tenant-key"}
 HUGE_ADDRESS, SMALL_ADDRESS = "127.0.0.2", "127.0.0.3"
@@ -141,7 +141,7 @@ async def probe_health(url: str, interval: float, statuses: list[int]) -> None:
             async with aiohttp.ClientSession(timeout=timeout) as client, client.get(
                     url + "/health") as response:
                 statuses.append(response.status)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             statuses.append(0)
         await asyncio.sleep(interval)
 

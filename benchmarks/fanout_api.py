@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks.api_like_server import ApiLikeServer
 from pagedserve.client import AsyncClient, BatchRequest, BatchRunner, PoolConfig, build_pool
-from pagedserve.client.errors import APIError
+from pagedserve.client.api.client_errors import APIError
 
 
 @dataclass

@@ -27,11 +27,11 @@ from benchmarks.kv_sim import (
     running_seqs,
     synthetic_prompt,
 )
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.kv_allocation import cdiv
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_stats import TokenOccupancy
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -21,8 +21,8 @@ from aiohttp import web
 
 from pagedserve.loadgen.arrivals import arrivals_rng, schedule
 from pagedserve.loadgen.bench import BenchSettings, make_session, run_once
+from pagedserve.loadgen.bench_config import LoadShape, RequestSpec
 from pagedserve.loadgen.cli import run_event_loop
-from pagedserve.loadgen.config import LoadShape, RequestSpec
 from pagedserve.loadgen.datasets import DatasetSpec, load_dataset
 from pagedserve.loadgen.tokenizers import TiktokenCounter
 

@@ -18,9 +18,9 @@ import time
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.kernels import cpu_sampling
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
-from pagedserve.server.sampling_params import SamplingParams
 
 SETTINGS = {
     "greedy": SamplingParams(temperature=0.0),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from benchmarks.harness import launch_pagedserve, stop
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.tokenizer.base import Tokenizer

@@ -47,9 +47,9 @@ from benchmarks.kv_sim import (
     running_seqs,
     synthetic_prompt,
 )
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.sampling_params import SamplingParams
 
 WIDTHS = (2, 4, 6)
 # The paper's savings (percent) over widths 2-6, for the table only.

@@ -49,7 +49,7 @@ from benchmarks.soak_mix import (
     check_stream,
     make_request,
 )
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 
 BLOCK_SIZE = 16
 SERVER_FLAGS = ["--max-model-len", "128", "--num-kv-blocks", "48", "--block-size",
@@ -87,12 +87,12 @@ async def run_one(session: aiohttp.ClientSession, base_url: str, req: SoakReques
             if req.abort:
                 try:
                     problem = await asyncio.wait_for(coro, rng.uniform(0.02, 0.5))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     outcomes.record("aborted by client")
                     return
             else:
                 problem = await coro
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         problem = f"{type(exc).__name__}: {exc}"
     if problem == "aborted":
         outcomes.record("aborted by client")

@@ -25,11 +25,11 @@ import statistics
 import time
 from pathlib import Path
 
+from pagedserve.common.sampling_params import StructuredOutputsParams
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.engine_stats import StepStats
 from pagedserve.server.engine.worker.step_timing import add_phases
 from pagedserve.server.sampling.grammar import GrammarCompiler
-from pagedserve.server.sampling_params import StructuredOutputsParams
 
 SCHEMAS = json.loads((Path(__file__).parent / "json_schemas.json").read_text("utf-8"))
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pagedserve.common.sampling_params import BeamSearchParams, SamplingParams
     from pagedserve.server.llm import LLM
-    from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
 
 __all__ = ["LLM", "BeamSearchParams", "SamplingParams"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.model_path import smollm2_path
 
 

@@ -4,7 +4,8 @@ Every code name docs/internals.md cites in backticks is looked up in the code: a
 exist, a ``pagedserve.`` path must import (and its attribute be found), ``Class.method`` must be
 a member of that class (or of a base), any other name must occur in the code as a name or a
 string. The step it prints must be the step's code. Every relative link in README.md and
-docs/*.md must point at a file.
+docs/*.md must point at a file. README's layout and docs/internals.md's room tables name every
+folder of the package, and the Python floor is one number wherever it is written.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import builtins
 import importlib
 import keyword
 import re
+import sys
+import tomllib
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 import pytest
+
+from tests.test_import_direction import ROOMS
 
 ROOT = Path(__file__).resolve().parent.parent
 INTERNALS = ROOT / "docs" / "internals.md"
@@ -219,3 +224,41 @@ def test_relative_links_point_at_files(doc: Path) -> None:
         if not (doc.parent / path).exists():
             broken.append(target)
     assert broken == []
+
+
+def _package_folders() -> set[str]:
+    """Every folder of modules under pagedserve/, relative to it (``server/api/http``)."""
+    package = ROOT / "pagedserve"
+    return {init.parent.relative_to(package).as_posix()
+            for init in package.rglob("__init__.py") if init.parent != package}
+
+
+def test_the_readme_layout_names_every_folder() -> None:
+    block = re.search(r"## Layout\n\n```\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert block is not None, "README.md lost its layout"
+    named = set(re.findall(r"([\w/]+)/(?=[\s,)]|$)", block.group(1)))
+    folders = _package_folders()
+    missing = {f for f in folders if f not in named and f.rsplit("/", 1)[-1] not in named
+               and not any(n.startswith(f + "/") for n in named)}
+    known = folders | {f.rsplit("/", 1)[-1] for f in folders} | {"pagedserve"}
+    unknown = {n for n in named if n not in known and not (ROOT / n).is_dir()
+               and not any((ROOT / "deploy").glob(n))}
+    assert (missing, unknown) == (set(), set())
+
+
+def test_internals_names_every_room() -> None:
+    text = INTERNALS.read_text()
+    spellings = ("`pagedserve/{}/`", "`pagedserve/{}`", "`pagedserve.{}`")
+    assert [room for room in sorted(ROOMS) if not any(
+        s.format(room if "/" in s else room.replace("/", ".")) in text
+        for s in spellings)] == []
+
+
+def test_the_python_floor_is_one_number() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    floor = re.fullmatch(r">=(\d+)\.(\d+)", config["project"]["requires-python"])
+    assert floor is not None
+    major, minor = int(floor.group(1)), int(floor.group(2))
+    assert config["tool"]["ruff"]["target-version"] == f"py{major}{minor}"
+    assert f"Python ≥ {major}.{minor}" in (ROOT / "README.md").read_text()
+    assert sys.version_info >= (major, minor)

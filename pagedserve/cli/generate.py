@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pagedserve.common.engine_errors import PagedServeError
+    from pagedserve.common.sampling_params import SamplingParams
     from pagedserve.server.engine.parallel.rendezvous import launched_rank
-    from pagedserve.server.errors import PagedServeError
     from pagedserve.server.llm import LLM
-    from pagedserve.server.sampling_params import SamplingParams
 
     if launched_rank():  # a rank > 0 under torchrun serves rank 0's steps
         from pagedserve.server.engine.parallel.worker import run_launched_worker

@@ -25,24 +25,24 @@ from typing import Any
 from aiohttp import web
 
 from pagedserve.cli.startup_log import startup_lines
+from pagedserve.common.engine_errors import PagedServeError
 from pagedserve.server.api.app import create_app, make_health_site, make_runner, make_site
-from pagedserve.server.api.config import (
-    DEFAULT_MAX_REQUEST_BODY_BYTES,
-    ServerConfig,
+from pagedserve.server.api.config.app_keys import ENGINE_KEY
+from pagedserve.server.api.config.server_config import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerConfig
+from pagedserve.server.api.http.forwarded import FORWARDED_HEADERS, X_FORWARDED_FOR, parse_allow_ips
+from pagedserve.server.api.http.limits import (
     ServerConfigError,
+    add_limit_arguments,
+    limits_from_args,
 )
-from pagedserve.server.api.forwarded import FORWARDED_HEADERS, X_FORWARDED_FOR, parse_allow_ips
-from pagedserve.server.api.limits import add_limit_arguments, limits_from_args
 from pagedserve.server.api.shutdown import (
     drain,
     engine_failure,
     settle_after_failure,
     wait_engine_failure,
 )
-from pagedserve.server.api.state import ENGINE_KEY
-from pagedserve.server.api.tool_parsers import TOOL_PARSERS
+from pagedserve.server.api.tools.parsers import TOOL_PARSERS
 from pagedserve.server.engine.config.engine_args import EngineArgs
-from pagedserve.server.errors import PagedServeError
 from pagedserve.server.models.model_path import SMOLLM2_NAME
 
 logger = logging.getLogger("pagedserve.serve")

@@ -8,7 +8,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from pagedserve.server.api.config import ServerConfig
+    from pagedserve.server.api.config.server_config import ServerConfig
     from pagedserve.server.engine.llm_engine import LLMEngine
 
 MiB = 1 << 20

@@ -5,11 +5,9 @@ fans many requests out over a pool of servers under a ``TokenBudget``. Nothing h
 torch or the server.
 """
 
-from pagedserve.client.adaptive import AdaptiveBudget, AdaptiveConfig
-from pagedserve.client.batch import BatchRequest, BatchResult, BatchSummary, ItemError
-from pagedserve.client.budget import Reservation, TokenBudget
-from pagedserve.client.client import AsyncClient, Timeout
-from pagedserve.client.errors import (
+from pagedserve.client.adaptive.adaptive_budget import AdaptiveBudget, AdaptiveConfig
+from pagedserve.client.api.client import AsyncClient, Timeout
+from pagedserve.client.api.client_errors import (
     APIConnectionError,
     APIError,
     APIResponseValidationError,
@@ -31,14 +29,16 @@ from pagedserve.client.errors import (
     StreamInterruptedError,
     UnprocessableEntityError,
 )
-from pagedserve.client.jobs import RunOptions, run_batch, run_batch_file
-from pagedserve.client.models import Model, ModelList
-from pagedserve.client.pool import Endpoint, EndpointPool
-from pagedserve.client.pool_config import PoolConfig, build_pool
-from pagedserve.client.retry import RetryPolicy
-from pagedserve.client.runner import BatchRunner
-from pagedserve.client.streaming import Stream
-from pagedserve.client.tokens import (
+from pagedserve.client.api.models import Model, ModelList
+from pagedserve.client.api.retry import RetryPolicy
+from pagedserve.client.api.streaming import Stream
+from pagedserve.client.batch.items import BatchRequest, BatchResult, BatchSummary, ItemError
+from pagedserve.client.batch.jobs import RunOptions, run_batch, run_batch_file
+from pagedserve.client.batch.pool import Endpoint, EndpointPool
+from pagedserve.client.batch.pool_config import PoolConfig, build_pool
+from pagedserve.client.batch.runner import BatchRunner
+from pagedserve.client.budget.token_budget import Reservation, TokenBudget
+from pagedserve.client.budget.tokens import (
     CallableCounter,
     ServerTokenCounter,
     TiktokenCounter,

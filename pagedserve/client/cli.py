@@ -18,14 +18,14 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
-from pagedserve.client.adaptive import AdaptiveConfig
-from pagedserve.client.batch import BatchSummary
-from pagedserve.client.client import Timeout
-from pagedserve.client.errors import APIError
-from pagedserve.client.jobs import RunOptions, run_batch_file
-from pagedserve.client.latency_target import LatencyTarget
-from pagedserve.client.pool_config import FALLBACK_INFLIGHT_TOKENS, PoolConfig
-from pagedserve.client.runner import DEFAULT_MAX_ATTEMPTS, DEFAULT_NUM_WORKERS
+from pagedserve.client.adaptive.adaptive_budget import AdaptiveConfig
+from pagedserve.client.adaptive.latency_target import LatencyTarget
+from pagedserve.client.api.client import Timeout
+from pagedserve.client.api.client_errors import APIError
+from pagedserve.client.batch.items import BatchSummary
+from pagedserve.client.batch.jobs import RunOptions, run_batch_file
+from pagedserve.client.batch.pool_config import FALLBACK_INFLIGHT_TOKENS, PoolConfig
+from pagedserve.client.batch.runner import DEFAULT_MAX_ATTEMPTS, DEFAULT_NUM_WORKERS
 
 N = TypeVar("N", int, float)
 

@@ -6,9 +6,9 @@ LoadShape(...), DatasetSpec(...)))``; its ``BenchOutput`` holds the result field
 """
 
 from pagedserve.loadgen.bench import BenchOutput, BenchSettings, bench
-from pagedserve.loadgen.config import LoadShape, MetricSpec, RequestSpec
+from pagedserve.loadgen.bench_config import LoadShape, MetricSpec, RequestSpec
+from pagedserve.loadgen.bench_errors import BenchConfigError, LoadgenError
 from pagedserve.loadgen.datasets import DatasetSpec
-from pagedserve.loadgen.errors import BenchConfigError, LoadgenError
 from pagedserve.loadgen.metrics import BenchmarkMetrics, Distribution
 from pagedserve.loadgen.sweep import sweep
 

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from pagedserve.loadgen.config import LoadShape
+from pagedserve.loadgen.bench_config import LoadShape
 
 _DURATION_CHUNK = 4096
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from pagedserve.loadgen.config import LoadShape, MetricSpec, RequestSpec
+from pagedserve.loadgen.bench_config import LoadShape, MetricSpec, RequestSpec
 from pagedserve.loadgen.datasets import DatasetSpec, SampleRequest, load_dataset
 from pagedserve.loadgen.hf_tokenizer import HFTokenizerCounter, is_tokenizer_dir
 from pagedserve.loadgen.metrics import BenchmarkMetrics, calculate_metrics

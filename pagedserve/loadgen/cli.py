@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pagedserve.loadgen.bench import BenchOutput, BenchSettings, bench
+from pagedserve.loadgen.bench_errors import BenchConfigError, LoadgenError
 from pagedserve.loadgen.cli_options import (
     add_bench_arguments,
     add_sweep_arguments,
     settings_from_args,
 )
 from pagedserve.loadgen.compare import format_comparison, load_runs
-from pagedserve.loadgen.errors import BenchConfigError, LoadgenError
 from pagedserve.loadgen.report import timestamp, write_json, write_request_jsonl
 from pagedserve.loadgen.summary import format_summary
 from pagedserve.loadgen.sweep import format_sweep_table, sweep, sweep_points

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 
 from pagedserve.loadgen.bench import BenchSettings
-from pagedserve.loadgen.config import (
+from pagedserve.loadgen.bench_config import (
     ARRIVALS,
     BACKEND_ENDPOINTS,
     ENDPOINT_PATHS,
@@ -26,8 +26,8 @@ from pagedserve.loadgen.config import (
     parse_csv_names,
     parse_goodput,
 )
+from pagedserve.loadgen.bench_errors import BenchConfigError
 from pagedserve.loadgen.datasets import DATASET_NAMES, DatasetSpec
-from pagedserve.loadgen.errors import BenchConfigError
 from pagedserve.loadgen.hf_tokenizer import is_tokenizer_dir
 from pagedserve.loadgen.sonnet import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, DEFAULT_PREFIX_LEN
 

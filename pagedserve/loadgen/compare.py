@@ -13,7 +13,7 @@ from pathlib import Path
 
 import orjson
 
-from pagedserve.loadgen.errors import ResultFileError
+from pagedserve.loadgen.bench_errors import ResultFileError
 
 HEADLINE_KEYS = (
     "completed", "failed", "duration", "total_input_tokens", "total_output_tokens",

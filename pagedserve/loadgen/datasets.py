@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagedserve.loadgen.errors import BenchConfigError
+from pagedserve.loadgen.bench_errors import BenchConfigError
 from pagedserve.loadgen.lengths import SYNTHETIC_WORKLOADS
 from pagedserve.loadgen.prompts import PromptBuilder
 from pagedserve.loadgen.sharegpt import read_sharegpt, sample_sharegpt

@@ -17,7 +17,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-from pagedserve.loadgen.errors import TokenizerError
+from pagedserve.loadgen.bench_errors import TokenizerError
 
 TOKENIZER_FILE = "tokenizer.json"
 

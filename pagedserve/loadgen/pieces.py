@@ -25,7 +25,7 @@ from functools import lru_cache
 import numpy as np
 
 from pagedserve.common.encoding import load_encoding
-from pagedserve.loadgen.errors import DatasetError
+from pagedserve.loadgen.bench_errors import DatasetError
 from pagedserve.loadgen.sonnet import read_poem_lines
 from pagedserve.loadgen.tokenizers import TokenCounter, TokenSplitter
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pagedserve.loadgen.errors import DatasetError
+from pagedserve.loadgen.bench_errors import DatasetError
 from pagedserve.loadgen.pieces import select_pieces
 from pagedserve.loadgen.tokenizers import TokenCounter
 

@@ -15,15 +15,14 @@ only at the end); they have no TTFT or inter-token times, only end-to-end latenc
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 import orjson
 
-from pagedserve.client.sse import ServerSentEvent, SSEDecodeError, SSEDecoder
-from pagedserve.loadgen.config import RequestSpec
+from pagedserve.client.api.sse import ServerSentEvent, SSEDecodeError, SSEDecoder
+from pagedserve.loadgen.bench_config import RequestSpec
 from pagedserve.loadgen.datasets import SampleRequest
 
 _ERROR_BODY_LIMIT = 300
@@ -114,7 +113,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, body: bytes,
                 await _read_stream(response, result, parts)
             else:
                 await _read_json(response, result, parts)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         result.error = f"timeout: no complete response within {timeout.total} s"
     except (aiohttp.ClientError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"

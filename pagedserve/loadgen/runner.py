@@ -21,9 +21,9 @@ import orjson
 from tqdm import tqdm
 
 from pagedserve.loadgen.arrivals import arrivals_rng, schedule
-from pagedserve.loadgen.config import LoadShape, RequestSpec
+from pagedserve.loadgen.bench_config import LoadShape, RequestSpec
+from pagedserve.loadgen.bench_errors import BenchmarkAbortedError
 from pagedserve.loadgen.datasets import SampleRequest
-from pagedserve.loadgen.errors import BenchmarkAbortedError
 from pagedserve.loadgen.request import RequestResult, build_payload, send_request
 
 

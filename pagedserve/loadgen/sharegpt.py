@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-from pagedserve.loadgen.errors import DatasetError
+from pagedserve.loadgen.bench_errors import DatasetError
 from pagedserve.loadgen.tokenizers import TokenCounter
 
 HUMAN_ROLES = frozenset({"human", "user"})

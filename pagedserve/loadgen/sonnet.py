@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pagedserve.loadgen.errors import DatasetError
+from pagedserve.loadgen.bench_errors import DatasetError
 from pagedserve.loadgen.tokenizers import TokenCounter
 
 BASE_PROMPT = "Pick as many lines as you can from these poem lines:\n"

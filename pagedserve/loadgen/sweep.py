@@ -14,7 +14,7 @@ from pagedserve.loadgen.bench import (
     prepare_samples,
     run_once,
 )
-from pagedserve.loadgen.errors import BenchConfigError
+from pagedserve.loadgen.bench_errors import BenchConfigError
 
 SWEEP_OPTIONS = {"request_rate": "--sweep-request-rates",
                  "max_concurrency": "--sweep-max-concurrency"}

@@ -17,7 +17,7 @@ import aiohttp
 import orjson
 
 from pagedserve.common.encoding import load_encoding
-from pagedserve.loadgen.errors import TokenizerError
+from pagedserve.loadgen.bench_errors import TokenizerError
 
 SERVER_TOKENIZER = "server"
 

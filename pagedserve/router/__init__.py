@@ -7,6 +7,6 @@ it arrives. Replicas come from flags or a DNS name; health checks eject the dead
 """
 
 from pagedserve.router.app import create_app, make_runner
-from pagedserve.router.config import RouterConfig
+from pagedserve.router.router_config import RouterConfig
 
 __all__ = ["RouterConfig", "create_app", "make_runner"]

@@ -13,12 +13,12 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pagedserve.router import errors
-from pagedserve.router.config import RouterConfig
+from pagedserve.router import error_responses
 from pagedserve.router.page import add_router_page
 from pagedserve.router.prefix_key import routing_key
 from pagedserve.router.proxy import forward
 from pagedserve.router.replicas import resolve
+from pagedserve.router.router_config import RouterConfig
 from pagedserve.router.state import STATE_KEY, RouterState
 from pagedserve.router.tracing import Tracing
 
@@ -64,9 +64,9 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        return errors.invalid_json(str(exc))
+        return error_responses.invalid_json(str(exc))
     if not isinstance(parsed, dict):
-        return errors.not_an_object()
+        return error_responses.not_an_object()
     config = state.config
     key = routing_key(request.path, parsed, config.prefix_blocks, config.block_chars,
                       config.block_size)
@@ -86,7 +86,7 @@ async def _admitted(request: web.Request, state: RouterState, body: bytes | None
                     route: Any) -> web.StreamResponse:
     if state.in_flight >= state.config.max_in_flight:
         state.metrics.failures.labels("503").inc()
-        return errors.overloaded(state.config.max_in_flight)
+        return error_responses.overloaded(state.config.max_in_flight)
     state.in_flight += 1
     try:
         with state.tracing.span(request, route):
@@ -98,7 +98,7 @@ async def _admitted(request: web.Request, state: RouterState, body: bytes | None
 async def _health(request: web.Request) -> web.Response:
     healthy = RouterState.of(request).replicas.healthy()
     if not healthy:
-        return errors.no_replica()
+        return error_responses.no_replica()
     return web.json_response({"status": "ok", "healthy_replicas": len(healthy)})
 
 
@@ -112,13 +112,14 @@ async def _error_middleware(request: web.Request, handler: Handler) -> web.Strea
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
-        return errors.body_too_large(request.app[STATE_KEY].config.max_request_body_bytes)
+        return error_responses.body_too_large(request.app[STATE_KEY].config.max_request_body_bytes)
     except web.HTTPNotFound:
-        return errors.not_found(request.method, request.path)
+        return error_responses.not_found(request.method, request.path)
     except web.HTTPMethodNotAllowed as exc:
-        return errors.error_response(405, f"Method {request.method} is not allowed for "
-                                     f"{request.path}", errors.INVALID_REQUEST,
-                                     "method_not_allowed", headers={"Allow": exc.headers["Allow"]})
+        return error_responses.error_response(
+            405, f"Method {request.method} is not allowed for {request.path}",
+            error_responses.INVALID_REQUEST, "method_not_allowed",
+            headers={"Allow": exc.headers["Allow"]})
 
 
 async def _session_context(app: web.Application) -> AsyncIterator[None]:

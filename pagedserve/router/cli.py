@@ -10,7 +10,7 @@ import sys
 
 from aiohttp import web
 
-from pagedserve.router.config import POLICIES, RouterConfig
+from pagedserve.router.router_config import POLICIES, RouterConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

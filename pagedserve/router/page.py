@@ -90,7 +90,7 @@ async def _hit_rate(state: RouterState, replica: Replica) -> float | None:
             if response.status != 200:
                 return None
             text = await response.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeDecodeError):
+    except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
         return None
     totals = {_HITS + "_total": 0.0, _QUERIES + "_total": 0.0}
     try:

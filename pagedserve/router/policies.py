@@ -10,10 +10,10 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pagedserve.router.config import RouterConfig
 from pagedserve.router.hash_ring import HashRing, load_bound
 from pagedserve.router.prefix_owners import PrefixOwners
 from pagedserve.router.replicas import Replica, ReplicaSet
+from pagedserve.router.router_config import RouterConfig
 
 # What the prefix policy did with a request's prefix: sent it where it went before, elsewhere
 # (that replica was saturated, over its bound or gone), or placed a prefix it had not seen.

@@ -23,7 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from pagedserve.common.load_hints import HEADER_FREE_TOKENS, LoadHints
-from pagedserve.router import errors
+from pagedserve.router import error_responses
 from pagedserve.router.policies import Route
 from pagedserve.router.replicas import Replica
 from pagedserve.router.state import RouterState
@@ -56,7 +56,7 @@ async def forward(request: web.Request, body: bytes | None, route: Route) -> web
     attempts = route.replicas[:state.config.max_attempts]
     if not attempts:
         state.metrics.failures.labels("503").inc()
-        return errors.no_replica()
+        return error_responses.no_replica()
     failure: _TryElsewhere | None = None
     for index, replica in enumerate(attempts):
         if index:
@@ -73,7 +73,7 @@ async def forward(request: web.Request, body: bytes | None, route: Route) -> web
     if failure.response is not None:  # every replica answered "not now": the last one's answer
         return failure.response
     state.metrics.failures.labels("502").inc()
-    return errors.upstream_failed(len(attempts), str(failure))
+    return error_responses.upstream_failed(len(attempts), str(failure))
 
 
 def forward_headers(headers: Mapping[str, str], peer: str | None) -> CIMultiDict[str]:
@@ -123,7 +123,7 @@ async def _open(request: web.Request, state: RouterState, replica: Replica,
         if upstream.content_type == "text/event-stream":
             return upstream, await upstream.content.readany()
         return upstream, await upstream.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         if upstream is not None:
             upstream.close()
         state.replicas.eject(replica, f"request failed: {exc!r}")
@@ -159,7 +159,7 @@ async def _refusal(state: RouterState, replica: Replica,
                    upstream: aiohttp.ClientResponse) -> _TryElsewhere:
     try:
         data = await upstream.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         data = None
         reason = f"{replica.url}: {exc!r}"
     if upstream.status == 503:  # draining or its engine died: out until /health says 200
@@ -196,7 +196,7 @@ async def _stream(request: web.Request, state: RouterState, replica: Replica,
             return response
         try:
             chunk = await content.readany()
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             state.replicas.eject(replica, f"stream broke: {exc!r}")
             await _write_error_event(response, replica)
             break
@@ -206,6 +206,7 @@ async def _stream(request: web.Request, state: RouterState, replica: Replica,
 
 async def _write_error_event(response: web.StreamResponse, replica: Replica) -> None:
     error = {"error": {"message": f"The replica {replica.url} failed mid-stream.",
-                       "type": errors.UNAVAILABLE, "param": None, "code": "upstream_failed"}}
+                       "type": error_responses.UNAVAILABLE, "param": None,
+                       "code": "upstream_failed"}}
     with contextlib.suppress(ConnectionResetError):
         await response.write(b"data: " + orjson.dumps(error) + b"\n\n")

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from pagedserve.common.load_hints import LoadHints
-from pagedserve.router.config import RouterConfig
+from pagedserve.router.router_config import RouterConfig
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class ReplicaSet:
                     if response.status == 200:
                         replica.hints = LoadHints.from_json(await response.json()) or \
                             replica.hints
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             ok = False
             reason = f"health check failed: {exc!r}"
         else:

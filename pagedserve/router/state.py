@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from pagedserve.router.config import RouterConfig
 from pagedserve.router.metrics import RouterMetrics
 from pagedserve.router.policies import LeastLoad, PrefixAffinity, RoundRobin, make_policy
 from pagedserve.router.replicas import ReplicaSet
+from pagedserve.router.router_config import RouterConfig
 from pagedserve.router.tracing import Tracing
 
 

@@ -16,7 +16,7 @@ from pagedserve.common import otel
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from pagedserve.router.config import RouterConfig
+    from pagedserve.router.router_config import RouterConfig
 
 
 _NO_SPAN = contextlib.nullcontext()

@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pagedserve.common.sampling_params import BeamSearchParams, SamplingParams
     from pagedserve.server.llm import LLM
-    from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
 
 __all__ = ["LLM", "BeamSearchParams", "SamplingParams"]
 
 _EXPORTS = {
     "LLM": "pagedserve.server.llm",
-    "SamplingParams": "pagedserve.server.sampling_params",
-    "BeamSearchParams": "pagedserve.server.sampling_params",
+    "SamplingParams": "pagedserve.common.sampling_params",
+    "BeamSearchParams": "pagedserve.common.sampling_params",
 }
 
 

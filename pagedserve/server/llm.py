@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 
 
@@ -43,8 +44,8 @@ class BeamSearchOutput:
             BeamSearchSequence(
                 tokens=result.prompt_token_ids + c.token_ids,
                 text=c.text,
-                cum_logprob=c.cumulative_logprob,
-                score=c.cumulative_logprob / max(1, len(c.token_ids)) ** length_penalty,
+                cum_logprob=c.cumulative_logprob or 0.0,  # a beam always has one
+                score=(c.cumulative_logprob or 0.0) / max(1, len(c.token_ids)) ** length_penalty,
                 finish_reason=c.finish_reason,
             )
             for c in result.outputs
@@ -83,13 +84,13 @@ class LLM:
         """Runs every prompt to completion; results in the order of ``prompts``."""
         prompt_list = [prompts] if isinstance(prompts, str | dict) else list(prompts)
         params_list = self._params_for(prompt_list, sampling_params)
-        order = []
+        requests = []
         for prompt, params in zip(prompt_list, params_list):
-            request_id = str(next(self._request_ids))
             text, token_ids = self._tokenize(prompt)
-            self.engine.add_request(request_id, token_ids, params, prompt=text)
-            order.append(request_id)
-        return self._run(order)
+            requests.append(EngineRequest(str(next(self._request_ids)), token_ids, params,
+                                          prompt=text))
+        self.engine.add_requests(requests)
+        return self._run([request.request_id for request in requests])
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],
                     params: BeamSearchParams) -> list[BeamSearchOutput]:
@@ -109,6 +110,9 @@ class LLM:
 
     def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            if self.engine.tokenizer is None:
+                raise InvalidRequestError("a text prompt needs a tokenizer; this LLM was built "
+                                          "with skip_tokenizer_init", param="prompt")
             return prompt, self.engine.tokenizer.encode(prompt)
         if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
             return None, [int(t) for t in prompt["prompt_token_ids"]]

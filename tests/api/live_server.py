@@ -21,7 +21,7 @@ from aiohttp import web
 
 from pagedserve.server.api import ServerConfig, create_app, make_runner, make_site
 from pagedserve.server.api.app import make_health_site
-from pagedserve.server.api.state import ENGINE_KEY
+from pagedserve.server.api.config.app_keys import ENGINE_KEY
 from pagedserve.server.engine.config.engine_args import EngineArgs
 
 T = TypeVar("T")

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.engine.core.request_preparation import PreparedRequest
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 
@@ -39,15 +39,14 @@ async def tokenize(server: LiveServer, messages: list[dict[str, str]]) -> list[i
 
 def record_prompts(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     engine = server.engine
-    add_prepared = engine.add_prepared
+    generate = engine.generate
     prompts: list[list[int]] = []
 
-    def recording(request_id: str, request: PreparedRequest, *args: Any,
-                  **kwargs: Any) -> Any:
-        prompts.append(list(request.prompt_token_ids))
-        return add_prepared(request_id, request, *args, **kwargs)
+    async def recording(requests: list[EngineRequest]) -> Any:
+        prompts.extend(list(request.prompt_token_ids) for request in requests)
+        return await generate(requests)
 
-    monkeypatch.setattr(engine, "add_prepared", recording)
+    monkeypatch.setattr(engine, "generate", recording)
     return prompts
 
 

@@ -11,9 +11,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api.client_limits import ClientCounter
-from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.api.state import ADMISSION_KEY
+from pagedserve.server.api.http.admission import ADMISSION_KEY
+from pagedserve.server.api.http.client_limits import ClientCounter
+from pagedserve.server.api.http.limits import ServerLimits
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 from tests.api.test_limits import error, hold_connections, raw_request, release, split
@@ -230,14 +231,14 @@ async def test_a_requests_prompt_tokens_are_bounded(shared_server: LiveServer) -
 async def test_each_key_is_its_own_tenant_in_the_engine(
         shared_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = shared_server.engine
-    add_prepared = engine.add_prepared
+    generate = engine.generate
     tenants: list[str | None] = []
 
-    def recording(*args: Any, tenant: str | None = None, **kwargs: Any) -> Any:
-        tenants.append(tenant)
-        return add_prepared(*args, tenant=tenant, **kwargs)
+    async def recording(requests: list[EngineRequest]) -> Any:
+        tenants.extend(request.tenant for request in requests)
+        return await generate(requests)
 
-    monkeypatch.setattr(engine, "add_prepared", recording)
+    monkeypatch.setattr(engine, "generate", recording)
     for key in (KEYS[1], KEYS[0]):
         assert (await post(shared_server, "/v1/completions", {
             "model": MODEL, "prompt": ["a", "b"], "max_tokens": 1}, key))[0] == 200

@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from pagedserve.cli.serve import EXIT_ENGINE_FAILED
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 from pagedserve.server.engine.async_engine import FAIL_STEP_ENV
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config, start_serve_process

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from pagedserve.server.api.config import ServerConfigError, ServerLimits
-from pagedserve.server.api.forwarded import TrustedProxies, parse_allow_ips
-from pagedserve.server.api.state import ADMISSION_KEY
+from pagedserve.server.api.http.admission import ADMISSION_KEY
+from pagedserve.server.api.http.forwarded import TrustedProxies, parse_allow_ips
+from pagedserve.server.api.http.limits import ServerConfigError, ServerLimits
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 from tests.api.test_client_limits import request_from, wait_for
@@ -141,14 +142,14 @@ async def test_a_trusted_proxys_connections_are_not_one_clients(
 async def test_the_tenant_is_the_proxied_client(
         proxied_server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     engine = proxied_server.engine
-    add_prepared = engine.add_prepared
+    generate = engine.generate
     tenants: list[str | None] = []
 
-    def recording(*args: Any, tenant: str | None = None, **kwargs: Any) -> Any:
-        tenants.append(tenant)
-        return add_prepared(*args, tenant=tenant, **kwargs)
+    async def recording(requests: list[EngineRequest]) -> Any:
+        tenants.extend(request.tenant for request in requests)
+        return await generate(requests)
 
-    monkeypatch.setattr(engine, "add_prepared", recording)
+    monkeypatch.setattr(engine, "generate", recording)
     body = b'{"model": "%s", "prompt": "a", "max_tokens": 1}' % MODEL.encode()
     for peer in (PROXY, OTHER_PEER):
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"

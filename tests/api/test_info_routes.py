@@ -9,8 +9,8 @@ import aiohttp
 from openai import AsyncOpenAI
 
 from pagedserve.common.load_hints import LoadHints
-from pagedserve.server.api.hints import STEP_CLOCK_KEY, THROUGHPUT_CURVE_KEY
-from pagedserve.server.api.serving_common import VERSION
+from pagedserve.server.api.serving.pipeline import VERSION
+from pagedserve.server.api.telemetry.hints import STEP_CLOCK_KEY, THROUGHPUT_CURVE_KEY
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 

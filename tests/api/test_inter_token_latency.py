@@ -10,7 +10,7 @@ import time
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 

@@ -14,9 +14,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api import connections
-from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.api.jsonio import OFF_LOOP_BODY_BYTES
+from pagedserve.server.api.http import connections
+from pagedserve.server.api.http.jsonio import OFF_LOOP_BODY_BYTES
+from pagedserve.server.api.http.limits import ServerLimits
 from tests.api.conftest import MAX_BODY_BYTES, MODEL
 from tests.api.live_server import LiveServer, server_config
 

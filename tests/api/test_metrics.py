@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedserve.server.api import create_app
-from pagedserve.server.api.state import METRICS_KEY
+from pagedserve.server.api.telemetry.metrics import METRICS_KEY
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 

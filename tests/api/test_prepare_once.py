@@ -1,7 +1,8 @@
-"""The server checks each request once: a handler prepares it where it tokenizes (on the event
-loop, or in the tokenizer pool for a large body) and hands the ``PreparedRequest`` to the
-async engine, which adds it without checking it again — for a whole response and a stream
-alike. The id checks and the bad-words tokenization are counted on the live server."""
+"""The server checks each request once: a handler tokenizes (on the event loop, or in the
+tokenizer pool for a large body) and hands the prompt to the engine's door, which checks it
+(inline, or in a worker thread for a long prompt) and adds it without checking it again — for
+a whole response and a stream alike. The id checks and the bad-words tokenization are counted
+on the live server."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api import jsonio
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.server.api.http import jsonio
+from pagedserve.server.engine import async_engine
 from pagedserve.server.engine.core import request_preparation
-from pagedserve.server.sampling_params import SamplingParams
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer
 
@@ -54,8 +56,9 @@ async def test_each_engine_request_is_checked_once(
         server: LiveServer, counts: Counter[str], monkeypatch: pytest.MonkeyPatch,
         route: str, body: dict[str, Any], num_requests: int, stream: bool,
         off_loop: bool) -> None:
-    if off_loop:  # every body counts as large: tokenizing and preparing leave the loop
+    if off_loop:  # every body counts as large: tokenizing and checking leave the loop
         monkeypatch.setattr(jsonio, "OFF_LOOP_BODY_BYTES", 0)
+        monkeypatch.setattr(async_engine, "PREPARE_OFF_LOOP_TOKENS", 0)
     payload = {"model": MODEL, **body, "bad_words": ["cache"], "stream": stream}
     async with aiohttp.ClientSession() as session, session.post(
             server.base_url + route, json=payload) as response:

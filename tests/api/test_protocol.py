@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.api.protocol_chat import parse_chat_request
-from pagedserve.server.api.protocol_completions import parse_completion_request
-from pagedserve.server.api.protocol_tokenize import (
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.server.api.protocol.chat import parse_chat_request
+from pagedserve.server.api.protocol.completions import parse_completion_request
+from pagedserve.server.api.protocol.tokenize import (
     parse_detokenize_request,
     parse_tokenize_request,
 )
-from pagedserve.server.errors import InvalidRequestError
 
 
 def completion(**fields: object) -> dict[str, object]:

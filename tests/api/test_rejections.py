@@ -10,8 +10,7 @@ import logging
 import pytest
 from aiohttp.http_exceptions import BadHttpMessage, BadStatusLine
 
-from pagedserve.server.api.server_log import ServerLog
-from pagedserve.server.api.state import SERVER_LOG_KEY
+from pagedserve.server.api.telemetry.server_log import SERVER_LOG_KEY, ServerLog
 from tests.api.conftest import MAX_BODY_BYTES
 from tests.api.live_server import LiveServer
 from tests.api.test_limits import error, raw_request

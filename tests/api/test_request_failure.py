@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 from pagedserve.server.engine.core.sequence import SequenceGroup
 from pagedserve.server.engine.output_processor import OutputProcessor
 from tests.api.conftest import MODEL

@@ -16,9 +16,9 @@ import torch
 
 from pagedserve.cli import generate, main, serve
 from pagedserve.server.api import ServerConfig
-from pagedserve.server.api.config import ServerLimits
+from pagedserve.server.api.http.limits import ServerLimits
 from pagedserve.server.engine.config.engine_args import PREFAULT_ENV, EngineArgs, resolve_device
-from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.model_config import ModelConfig
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 from pagedserve.server.api import drain
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config, start_serve_process

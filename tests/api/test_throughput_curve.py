@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pagedserve.server.api.throughput_curve import BestRunning, ThroughputCurve
+from pagedserve.server.api.telemetry.throughput_curve import BestRunning, ThroughputCurve
 from pagedserve.server.engine.engine_stats import StepStats
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.server.api.tool_grammar_calls import NamedCall, RequiredCalls
-from pagedserve.server.api.tool_parsers import HermesToolParser, assemble
+from pagedserve.server.api.tools.grammar_calls import NamedCall, RequiredCalls
+from pagedserve.server.api.tools.parsers import HermesToolParser, assemble
 
 CALLS_TEXT = ('Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
               '"Oslo"}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n'

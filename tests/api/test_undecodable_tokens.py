@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 from tests.checkpoints import make_checkpoint

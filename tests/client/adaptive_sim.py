@@ -9,9 +9,9 @@ import random
 from dataclasses import dataclass
 
 from pagedserve.client import AdaptiveBudget, AdaptiveConfig, TokenBudget
-from pagedserve.client.adaptive import plan_budget
-from pagedserve.client.budget import Reservation
-from pagedserve.client.types import ServerLoad
+from pagedserve.client.adaptive.adaptive_budget import plan_budget
+from pagedserve.client.api.types import ServerLoad
+from pagedserve.client.budget.token_budget import Reservation
 from pagedserve.common.load_hints import LoadHints
 
 

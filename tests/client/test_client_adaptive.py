@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 
 from pagedserve.client import AdaptiveBudget, AdaptiveConfig, TokenBudget
-from pagedserve.client.adaptive import BudgetPlan, plan_budget
-from pagedserve.client.latency_target import LatencyTarget
-from pagedserve.client.types import ServerLoad
+from pagedserve.client.adaptive.adaptive_budget import BudgetPlan, plan_budget
+from pagedserve.client.adaptive.latency_target import LatencyTarget
+from pagedserve.client.api.types import ServerLoad
 
 LOAD = ServerLoad(0.0, 0, 0, 1000, 0, max_num_seqs=8, max_num_batched_tokens=512,
                   total_kv_tokens=1000)

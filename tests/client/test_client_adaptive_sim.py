@@ -12,7 +12,7 @@ import pytest
 from adaptive_sim import FakeEngine, GentleEngine, Simulation, best_rate
 
 from pagedserve.client import AdaptiveConfig
-from pagedserve.client.latency_target import LatencyTarget
+from pagedserve.client.adaptive.latency_target import LatencyTarget
 
 
 def test_settles_within_ten_percent_of_the_peak():
@@ -223,7 +223,7 @@ def test_an_unreachable_latency_target_is_reported():
 def test_an_unreachable_target_is_logged(caplog):
     engine = FakeEngine(base_ms=20.0, c_ms=0.02)
     sim = Simulation(engine, AdaptiveConfig(target=LatencyTarget("tpot", 5.0)))
-    with caplog.at_level("WARNING", logger="pagedserve.client.adaptive"):
+    with caplog.at_level("WARNING", logger="pagedserve.client.adaptive.adaptive_budget"):
         sim.run(30.0)
     (record,) = caplog.records
     assert record.getMessage().startswith(

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from pagedserve.client import BatchInputError, BatchRequest, PoolConfig, RetryPolicy, run_batch_file
-from pagedserve.client.batch_file import (
+from pagedserve.client.batch.batch_file import (
     load_previous_results,
     parse_request_line,
     scan_input,

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from pagedserve.client import BudgetExceededError, TokenBudget
-from pagedserve.client.rate_limit import RateLimiter
+from pagedserve.client.budget.rate_limit import RateLimiter
 
 
 class FakeClock:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.client.errors import (
+from pagedserve.client.api.client_errors import (
     APIConnectionError,
     APIStatusError,
     APITimeoutError,
@@ -19,7 +19,7 @@ from pagedserve.client.errors import (
     make_status_error,
     transport_error,
 )
-from pagedserve.client.retry import RetryPolicy, is_retryable, retry_after_seconds
+from pagedserve.client.api.retry import RetryPolicy, is_retryable, retry_after_seconds
 
 
 def _openai_body(message: str) -> dict:

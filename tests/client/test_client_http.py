@@ -16,8 +16,8 @@ from pagedserve.client import (
     RetryPolicy,
     Timeout,
 )
-from pagedserve.client.client import normalize_base_url
-from pagedserve.client.types import (
+from pagedserve.client.api.client import normalize_base_url
+from pagedserve.client.api.types import (
     ChatCompletion,
     Completion,
     CompletionChoice,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.client.overcommit import Overcommit, projected_capacity, projection_fits
+from pagedserve.client.adaptive.overcommit import Overcommit, projected_capacity, projection_fits
 from pagedserve.common.load_hints import LoadHints
 
 

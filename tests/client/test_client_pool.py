@@ -12,7 +12,7 @@ from pagedserve.client import (
     RetryPolicy,
     TokenBudget,
 )
-from pagedserve.client.errors import APIConnectionError, make_status_error
+from pagedserve.client.api.client_errors import APIConnectionError, make_status_error
 
 
 class FakeClock:

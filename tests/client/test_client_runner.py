@@ -17,9 +17,9 @@ from pagedserve.client import (
     Timeout,
     build_pool,
 )
-from pagedserve.client.batch import BatchResult, BatchSummary, ItemError
-from pagedserve.client.progress import BatchProgress
-from pagedserve.client.types import Usage
+from pagedserve.client.api.types import Usage
+from pagedserve.client.batch.items import BatchResult, BatchSummary, ItemError
+from pagedserve.client.batch.progress import BatchProgress
 from pagedserve.common.load_hints import LoadHints
 
 FAST = RetryPolicy(initial_backoff=0.01, max_backoff=0.05, jitter=0.0)

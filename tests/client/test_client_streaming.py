@@ -12,7 +12,7 @@ from pagedserve.client import (
     StreamInterruptedError,
     Timeout,
 )
-from pagedserve.client.types import ChatCompletionChunk, CompletionChunk
+from pagedserve.client.api.types import ChatCompletionChunk, CompletionChunk
 
 FAST = RetryPolicy(max_retries=2, initial_backoff=0.01, max_backoff=0.02, jitter=0.0)
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.client import AsyncClient, CallableCounter, ServerTokenCounter, TiktokenCounter
-from pagedserve.client.errors import InvalidRequestError
-from pagedserve.client.tokens import PromptCount, reserved_tokens
+from pagedserve.client.api.client_errors import InvalidRequestError
+from pagedserve.client.budget.tokens import PromptCount, reserved_tokens
 from pagedserve.common.encoding import load_encoding
 
 TEXTS = [

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from pagedserve.server import LLM
 from pagedserve.server.engine.config.engine_args import EngineArgs
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel, shard_config
 from pagedserve.server.models.weights import load_weights

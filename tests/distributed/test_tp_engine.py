@@ -19,7 +19,7 @@ import pytest
 
 from pagedserve.cli.startup_log import startup_lines
 from pagedserve.server import LLM, BeamSearchParams, SamplingParams
-from pagedserve.server.api.config import ServerConfig
+from pagedserve.server.api.config.server_config import ServerConfig
 from pagedserve.server.engine.engine_stats import ParallelInfo
 from pagedserve.server.engine.parallel.step_message import StepMessage
 from tests.e2e.conftest import prompt_token_ids

@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.distributed
 
+from pagedserve.common.engine_errors import WorkerFailedError
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.parallel.launcher import WorkerGroup
-from pagedserve.server.errors import WorkerFailedError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 
 TIMEOUT_S = 1.0

@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
 from pagedserve.cli.serve import EXIT_ENGINE_FAILED
-from pagedserve.client.sse import iter_sse
+from pagedserve.client.api.sse import iter_sse
 from pagedserve.server import LLM, SamplingParams
 from tests.live_model import MODEL, write_live_model
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from pagedserve.common.sampling_params import StructuredOutputsParams
 from pagedserve.server import LLM, SamplingParams
-from pagedserve.server.sampling_params import StructuredOutputsParams
 from tests.live_model import write_live_model
 from tests.structured.schemas import SCHEMAS
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server import LLM, BeamSearchParams, SamplingParams
-from pagedserve.server.errors import InvalidRequestError
 from tests.checkpoints import load_hf_model
 
 EOS = 2

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
-from pagedserve.server.engine.sample.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.engine.logits.sampling_plan import SampledBatch, SampledToken, SamplingPlan
 from pagedserve.server.engine.worker.model_input import prepare_model_input
-from pagedserve.server.sampling_params import SamplingParams
 
 
 def make_group(request_id: str, prompt: list[int], seq_id: int, block_size: int, *,

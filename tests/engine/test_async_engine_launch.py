@@ -10,11 +10,12 @@ from typing import ClassVar
 
 import pytest
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine import async_engine
 from pagedserve.server.engine.config.engine_args import EngineArgs
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.models.errors import ModelLoadError
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.models.model_load_error import ModelLoadError
 from tests.checkpoints import make_checkpoint
 
 
@@ -56,7 +57,8 @@ async def test_the_engine_is_built_in_the_thread_that_steps_it(
     engine.add_step_observer(lambda _stats: stepped_in.add(threading.get_ident()))
     try:
         params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
-        outputs = [out async for out in engine.add_request("r0", [1, 2, 3], params)]
+        (stream,) = await engine.generate([EngineRequest("r0", [1, 2, 3], params)])
+        outputs = [out async for out in stream]
     finally:
         await engine.shutdown()
     assert outputs[-1].finished

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from pagedserve.common.sampling_params import BeamSearchParams, SamplingParams
 from pagedserve.server.engine.core.beam_search import BeamState
-from pagedserve.server.sampling_params import BeamSearchParams, SamplingParams
 
 
 def test_only_a_beam_search_request_gets_a_state() -> None:

@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 from engine_fakes import make_group
 
+from pagedserve.common.engine_errors import BlockAllocationError
 from pagedserve.server.engine.core.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.core.kv_allocation import ContiguousAllocation, make_kv_allocation
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.errors import BlockAllocationError
 
 BS = 4
 

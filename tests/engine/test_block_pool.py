@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from pagedserve.common.engine_errors import BlockAllocationError
 from pagedserve.server.engine.core.block import FreeBlockQueue, KVCacheBlock
 from pagedserve.server.engine.core.block_pool import BlockPool
 from pagedserve.server.engine.core.prefix_cache import BlockHash, hash_block_tokens
-from pagedserve.server.errors import BlockAllocationError
 
 
 def ids(queue: FreeBlockQueue) -> list[int]:

@@ -13,11 +13,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from pagedserve.common.engine_errors import InvalidRequestError, QueueFullError
 from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
 from pagedserve.server.engine.core.kv_allocation import cdiv
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.sequence import SequenceStatus
-from pagedserve.server.errors import InvalidRequestError, QueueFullError
 
 MAX_MODEL_LEN = 16
 MAX_WAITING = 6

@@ -12,7 +12,7 @@ from pagedserve.kernels.dispatch import TORCH_OPS
 from pagedserve.server.engine.config import engine_args
 from pagedserve.server.engine.config.engine_args import PREFAULT_ENV, EngineArgs
 from pagedserve.server.engine.worker.kv_cache import KVCache
-from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.model_config import ModelConfig
 
 MiB = 1 << 20
 CONFIG = ModelConfig.from_dict({

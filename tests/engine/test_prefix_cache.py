@@ -7,7 +7,7 @@ from pagedserve.server.engine.core.prefix_cache import (
     PrefixCacheStats,
     hash_block_tokens,
     max_cache_hit_blocks,
-    update_block_hashes,
+    new_block_hashes,
 )
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -27,16 +27,14 @@ def test_hash_chains_parent_tokens_and_extra_key() -> None:
     assert hash_block_tokens(None, [1, 2, 3, 4], "a") != hash_block_tokens(None, [1, 2, 3, 4], "b")
 
 
-def test_sequence_hashes_only_full_blocks_and_extends() -> None:
-    seq = Sequence(0, list(range(10)), BS)
-    hashes = update_block_hashes(seq, None)
+def test_only_full_blocks_are_hashed_and_the_chain_extends() -> None:
+    tokens = list(range(10))
+    hashes = new_block_hashes(tokens, BS, [], None)
     assert [h.token_ids for h in hashes] == [(0, 1, 2, 3), (4, 5, 6, 7)]
-    seq.append_token(10, 0.0)
-    seq.append_token(11, 0.0)
-    update_block_hashes(seq, None)
-    assert [h.token_ids for h in seq.block_hashes] == [(0, 1, 2, 3), (4, 5, 6, 7),
-                                                      (8, 9, 10, 11)]
-    assert seq.block_hashes[2] == hash_block_tokens(hashes[1], [8, 9, 10, 11])
+    assert new_block_hashes(tokens, BS, hashes, None) == []
+    more = new_block_hashes([*tokens, 10, 11], BS, hashes, None)
+    assert [h.token_ids for h in more] == [(8, 9, 10, 11)]
+    assert more[0] == hash_block_tokens(hashes[1], [8, 9, 10, 11])
 
 
 def test_last_prompt_token_is_never_a_hit() -> None:

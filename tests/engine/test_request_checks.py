@@ -1,17 +1,21 @@
 """A request is checked once, in one place: ``LLMEngine.prepare_request`` settles its final
-parameters (the max_tokens default, bad words as ids) and the async engine's loop thread adds
-the prepared request without checking it again."""
+parameters (the max_tokens default, bad words as ids). Both doors go through it: the
+synchronous engine's ``add_requests`` checks every request before it adds any, and the async
+engine's ``generate`` checks in the caller's thread (or a worker thread for a long prompt)
+and its loop thread adds the prepared request without checking it again."""
 
 from __future__ import annotations
 
 import pytest
 
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.server.engine import async_engine as async_engine_module
 from pagedserve.server.engine.async_engine import AsyncEngine
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core import request_preparation
+from pagedserve.server.engine.core.request_preparation import EngineRequest
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling_params import SamplingParams
 from tests.checkpoints import make_checkpoint
 
 MAX_MODEL_LEN = 64
@@ -74,17 +78,30 @@ def test_add_request_checks_once(engine: LLMEngine, validations: list[SamplingPa
         engine.step()
 
 
-async def test_the_async_engine_checks_in_the_callers_thread_only(
-        engine: LLMEngine, validations: list[SamplingParams]) -> None:
+def test_a_bad_request_leaves_none_of_its_batch_behind(engine: LLMEngine) -> None:
+    good = EngineRequest("good", [1, 2, 3], SamplingParams(max_tokens=2))
+    with pytest.raises(InvalidRequestError, match="at least 1 token"):
+        engine.add_requests([good, EngineRequest("empty", [], SamplingParams())])
+    assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("off_loop", [False, True], ids=["inline", "worker-thread"])
+async def test_the_async_engine_checks_once_before_its_loop_adds(
+        engine: LLMEngine, validations: list[SamplingParams], off_loop: bool,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if off_loop:
+        monkeypatch.setattr(async_engine_module, "PREPARE_OFF_LOOP_TOKENS", 0)
     async_engine = AsyncEngine(engine)
     await async_engine.start()
     try:
-        stream = async_engine.add_request("async", [4, 5], SamplingParams(max_tokens=3,
-                                                                           temperature=0.0))
+        params = SamplingParams(max_tokens=3, temperature=0.0)
+        (stream,) = await async_engine.generate([EngineRequest("async", [4, 5], params)])
         outputs = [output async for output in stream]
         assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 3
         assert [p.max_tokens for p in validations] == [3]
         with pytest.raises(InvalidRequestError, match="at least 1 token"):
-            async_engine.add_request("empty", [], SamplingParams())
+            await async_engine.generate([EngineRequest("kept", [4], params),
+                                         EngineRequest("empty", [], SamplingParams())])
+        assert not engine.has_unfinished_requests()
     finally:
         await async_engine.shutdown()

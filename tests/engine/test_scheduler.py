@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 from engine_fakes import FakeRunner, make_group
 
+from pagedserve.common.engine_errors import InvalidRequestError, QueueFullError
 from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import SequenceGroup, SequenceStatus
-from pagedserve.server.errors import InvalidRequestError, QueueFullError
 
 BS = 4
 

@@ -13,7 +13,7 @@ from pagedserve.server.engine.config.engine_config import CacheConfig, Scheduler
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import SequenceGroup, SequenceStatus
-from pagedserve.server.engine.sample.token_sampling import SampledBatch, SampledToken, SamplingPlan
+from pagedserve.server.engine.logits.sampling_plan import SampledBatch, SampledToken, SamplingPlan
 
 BS = 4
 

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.kv_allocation import ContiguousAllocation, PagedAllocation
 from pagedserve.server.engine.core.scheduler_stats import PreemptionStats, TokenOccupancy
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.sampling_params import SamplingParams
 
 
 def test_statuses() -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.sampling_params import SamplingParams
 from tests.checkpoints import make_checkpoint
 
 MAX_MODEL_LEN = 96

@@ -24,10 +24,10 @@ from pagedserve.client import (
     run_batch,
     run_batch_file,
 )
-from pagedserve.client.errors import APIStreamError
-from pagedserve.client.response_types import Response, ResponseStreamEvent
-from pagedserve.client.tokens import PromptCount
-from pagedserve.client.types import ChatCompletion, Completion, Usage
+from pagedserve.client.api.client_errors import APIStreamError
+from pagedserve.client.api.response_types import Response, ResponseStreamEvent
+from pagedserve.client.api.types import ChatCompletion, Completion, Usage
+from pagedserve.client.budget.tokens import PromptCount
 from pagedserve.common.load_hints import LoadHints
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.core.outputs import CompletionOutput

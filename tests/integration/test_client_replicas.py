@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pagedserve.client import BatchRequest, BatchResult, PoolConfig, RunOptions, run_batch
-from pagedserve.client.retry import RetryPolicy
+from pagedserve.client.api.retry import RetryPolicy
 from pagedserve.server import LLM
 from tests.api.live_server import LiveServer, server_config
 from tests.integration.batch_items import Item, answer_text, expected_answers, make_items

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pagedserve.loadgen.arrivals import arrivals_rng, ramp_up_rates, schedule
-from pagedserve.loadgen.config import LoadShape
-from pagedserve.loadgen.errors import BenchConfigError
+from pagedserve.loadgen.bench_config import LoadShape
+from pagedserve.loadgen.bench_errors import BenchConfigError
 
 
 def _gaps(shape: LoadShape, seed: int = 0) -> np.ndarray:

@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from pagedserve.common.encoding import load_encoding
+from pagedserve.loadgen.bench_errors import BenchConfigError, DatasetError
 from pagedserve.loadgen.datasets import DatasetSpec, length_range, load_dataset
-from pagedserve.loadgen.errors import BenchConfigError, DatasetError
 from pagedserve.loadgen.lengths import SYNTHETIC_WORKLOADS
 from pagedserve.loadgen.sharegpt import read_sharegpt
 from pagedserve.loadgen.tokenizers import ServerTokenCounter, TiktokenCounter

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from pagedserve.loadgen.config import RequestSpec
+from pagedserve.loadgen.bench_config import RequestSpec
 from pagedserve.loadgen.datasets import SampleRequest
 from pagedserve.loadgen.request import (
     RequestResult,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pagedserve.loadgen.bench_errors import BenchConfigError
 from pagedserve.loadgen.cli_options import response_format
-from pagedserve.loadgen.errors import BenchConfigError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

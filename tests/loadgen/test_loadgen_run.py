@@ -14,7 +14,7 @@ import pytest
 from pagedserve.cli.main import main
 from pagedserve.loadgen.arrivals import arrivals_rng, schedule
 from pagedserve.loadgen.bench import make_session
-from pagedserve.loadgen.config import LoadShape, RequestSpec
+from pagedserve.loadgen.bench_config import LoadShape, RequestSpec
 from pagedserve.loadgen.datasets import SampleRequest
 from pagedserve.loadgen.runner import BenchmarkRunner
 

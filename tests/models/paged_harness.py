@@ -10,13 +10,13 @@ import math
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.worker.kv_cache import KVCache
 from pagedserve.server.engine.worker.model_input import prepare_model_input
 from pagedserve.server.models.base import CausalLM
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.models.model_config import ModelConfig
 
 
 class PagedHarness:

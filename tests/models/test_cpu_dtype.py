@@ -7,8 +7,8 @@ import logging
 import torch
 
 from pagedserve.server.models import cpu_dtype
-from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.loader import resolve_dtype
+from pagedserve.server.models.model_config import ModelConfig
 
 AVX512_ONLY = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw avx512_vnni\n"
 ZEN4 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\n\nflags : ignored\n"

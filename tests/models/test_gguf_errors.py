@@ -14,8 +14,8 @@ import pytest
 
 from pagedserve.cli import serve
 from pagedserve.server.models import loader
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.model_path import SMOLLM2_INSTALL, resolve_model
 from pagedserve.server.tokenizer.base import TokenizerLoadError
 from pagedserve.server.tokenizer.loader import load_tokenizer

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.llm import LLM
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.source import load_config
-from pagedserve.server.sampling_params import SamplingParams
 from tests.checkpoints import make_checkpoint
 from tests.gguf_files import write_gguf
 

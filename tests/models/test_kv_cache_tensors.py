@@ -8,7 +8,7 @@ import torch
 from pagedserve.kernels.dispatch import TORCH_OPS
 from pagedserve.server.engine.config.engine_config import CacheConfig, GiB
 from pagedserve.server.engine.worker.kv_cache import KVCache, check_max_model_len
-from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.model_config import ModelConfig
 
 CONFIG = ModelConfig.from_dict({
     "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 64,

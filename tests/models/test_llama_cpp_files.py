@@ -14,10 +14,10 @@ import torch
 from gguf import GGMLQuantizationType
 
 from benchmarks.llama_cpp_tools import PRESETS
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.llm import LLM
 from pagedserve.server.models.gguf_repack import can_repack
 from pagedserve.server.models.loader import load_model
-from pagedserve.server.sampling_params import SamplingParams
 from tests.llama_cpp_files import (
     QUANTIZED,
     RECIPES,

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from pagedserve.server.models.config import ModelConfig, parse_dtype
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.layers import rope_inv_freq
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.model_config import ModelConfig, parse_dtype
+from pagedserve.server.models.model_load_error import ModelLoadError
 from tests.checkpoints import load_hf_model, make_checkpoint
 from tests.models.paged_harness import PagedHarness, hf_logits
 

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pagedserve.kernels.dispatch import TORCH_OPS
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model, resolve_dtype
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 from tests.checkpoints import load_hf_model, make_checkpoint
 from tests.models.paged_harness import PagedHarness, hf_logits
 

@@ -20,8 +20,8 @@ from pagedserve.kernels.dispatch import TORCH_OPS
 from pagedserve.kernels.quantized_linear import REFERENCE, dequantize, quantize_int8
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.parallel_layers import PackableLinear
 from pagedserve.server.models.quantized_linear import quantize_weight, weight_bytes
 from tests.checkpoints import make_checkpoint

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.llm import LLM
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.gguf_tokenizer import load_gguf_tokenizer
 from tests.smollm2 import smollm2_file
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pagedserve.common.cache_dir import CACHE_ENV
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.model_path import resolve_model
 from pagedserve.server.models.tiny import NOTE, TINY_DIR_NAME, ensure_tiny_model
 from tests.checkpoints import load_hf_model

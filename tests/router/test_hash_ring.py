@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pagedserve.router.config import RouterConfig
 from pagedserve.router.hash_ring import HashRing, load_bound
 from pagedserve.router.policies import PrefixAffinity
 from pagedserve.router.prefix_owners import PrefixOwners
 from pagedserve.router.replicas import ReplicaSet
+from pagedserve.router.router_config import RouterConfig
 
 MEMBERS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
 KEYS = [f"prefix-{i}".encode() for i in range(400)]

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pagedserve.common.block_hash import hash_block_tokens, hash_prefix_blocks
 from pagedserve.router.prefix_key import prompt_units, routing_key
-from pagedserve.server.engine.core.prefix_cache import update_block_hashes
-from pagedserve.server.engine.core.sequence import Sequence
+from pagedserve.server.engine.core.prefix_cache import new_block_hashes
 
 SYSTEM = "You are a terse assistant who answers in one line. " * 6  # 306 characters
 
@@ -31,8 +30,7 @@ def test_the_key_is_the_chained_block_hash_of_code_points() -> None:
 
 def test_token_id_prompts_hash_as_the_engine_prefix_cache_does() -> None:
     ids = list(range(100, 180))
-    seq = Sequence(0, ids, block_size=16)
-    engine_hashes = update_block_hashes(seq, None)
+    engine_hashes = new_block_hashes(ids, 16, [], None)
     assert hash_prefix_blocks(ids, 16, 4) == engine_hashes[:4]
     assert key("/v1/completions", {"prompt": ids}) == engine_hashes[3].hash_value
     # A batch goes where its first prompt is cached.

@@ -22,8 +22,7 @@ from pagedserve.common import otel
 from pagedserve.router import RouterConfig
 from pagedserve.router.tracing import OtelTracing, tracing_for
 from pagedserve.server.api import create_app
-from pagedserve.server.api.state import TRACING_KEY
-from pagedserve.server.api.tracing import ServerTracing
+from pagedserve.server.api.telemetry.tracing import TRACING_KEY, ServerTracing
 from tests.api.live_server import LiveServer, server_config
 from tests.live_model import MODEL
 from tests.router.conftest import start_router

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.kernels import cpu_sampling, native_build
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
-from pagedserve.server.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
 

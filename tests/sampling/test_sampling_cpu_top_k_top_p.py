@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.kernels import cpu_sampling, native_build
 from pagedserve.kernels.dispatch import get_kernel_ops
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
 from pagedserve.server.sampling.warpers import apply_top_k_top_p
-from pagedserve.server.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
 

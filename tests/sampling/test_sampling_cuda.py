@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
-from pagedserve.server.sampling_params import SamplingParams
 
 pytestmark = [
     pytest.mark.gpu,

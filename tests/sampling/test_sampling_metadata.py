@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow, validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 10
 

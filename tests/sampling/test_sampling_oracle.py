@@ -14,9 +14,9 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
 from pagedserve.server.sampling.warpers import _ascending_order, apply_top_k_top_p
-from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 64
 PROMPT = [3, 9, 9, 17, 40]

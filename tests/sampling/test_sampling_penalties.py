@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
-from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 16
 NEG_INF = float("-inf")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.sampling import Sampler, SamplingMetadata, SamplingRow
 from pagedserve.server.sampling.exponential_race import exponential_noise, generator_seed
-from pagedserve.server.sampling_params import SamplingParams
 
 VOCAB = 32
 

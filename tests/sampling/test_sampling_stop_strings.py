@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.sampling import StopChecker
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.sampling import check_stop_token
-from pagedserve.server.sampling_params import SamplingParams
 
 EOS = 2
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import StructuredOutputsParams as Spec
 from pagedserve.server.sampling.grammar import GrammarCompiler, GrammarState
-from pagedserve.server.sampling.metadata import SamplingMetadata, SamplingRow
+from pagedserve.server.sampling.metadata import SamplingMetadata
 from pagedserve.server.sampling.sampler import Sampler
-from pagedserve.server.sampling_params import SamplingParams
-from pagedserve.server.sampling_params import StructuredOutputsParams as Spec
+from pagedserve.server.sampling.sampling_row import SamplingRow
 
 # A byte vocabulary small enough to reason about: id 0 is the stop token, 1 a special
 # token without text, then single characters and a few multi-character tokens.

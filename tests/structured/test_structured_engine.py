@@ -10,11 +10,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import StructuredOutputsParams as Spec
 from pagedserve.server import LLM
-from pagedserve.server.errors import InvalidRequestError
 from pagedserve.server.sampling.grammar import GrammarState
-from pagedserve.server.sampling_params import SamplingParams
-from pagedserve.server.sampling_params import StructuredOutputsParams as Spec
 from tests.structured.schemas import SCHEMAS
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],

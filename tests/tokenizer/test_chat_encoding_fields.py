@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, load_tokenizer
 from pagedserve.server.tokenizer.chat_template import DEFAULT_CHAT_TEMPLATE
 from tests.tokenizer.conftest import VOCAB_SIZE

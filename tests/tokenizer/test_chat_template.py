@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.chat_template import DEFAULT_CHAT_TEMPLATE, render_chat_template
 from tests.tokenizer_files import CHATML_TEMPLATE, LLAMA2_TEMPLATE, write_hf_tokenizer

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.hf import HFTokenizer
 from tests.tokenizer_files import write_hf_tokenizer

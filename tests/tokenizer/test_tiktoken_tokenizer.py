@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pagedserve.common.encoding import load_encoding
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.tokenizer import Tokenizer, TokenizerLoadError, load_tokenizer
 from pagedserve.server.tokenizer.tiktoken_tokenizer import TiktokenTokenizer
 

@@ -5,8 +5,8 @@ interpreter (TRITON_INTERPRET=1 set before this package is imported). Without a 
 architecture and checks their shared memory."""
 
 from .cache_ops import copy_blocks, reshape_and_cache
-from .config import DecodeConfig, PrefillConfig, choose_decode_config, choose_prefill_config
 from .decode import paged_attention_decode
+from .launch_config import DecodeConfig, PrefillConfig, choose_decode_config, choose_prefill_config
 from .prefill import paged_attention_prefill
 from .swap import swap_blocks
 

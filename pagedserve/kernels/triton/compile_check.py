@@ -28,7 +28,7 @@ from triton.compiler import ASTSource
 
 from . import cache_ops, decode, prefill
 from .checks import AttentionShape
-from .config import choose_decode_config
+from .launch_config import choose_decode_config
 from .runtime import is_interpreted
 
 # Opt-in shared memory per block (bytes) by compute capability.

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from .attention_tile import LOG2_E, load_kv_tile, online_softmax_step
 from .checks import AttentionShape, check_attention_inputs
-from .config import DecodeConfig, choose_decode_config, padded_group_size, padded_head_dim
+from .launch_config import DecodeConfig, choose_decode_config, padded_group_size, padded_head_dim
 from .runtime import (
     dot_dtype,
     kernel_output_dtype,

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from .attention_tile import LOG2_E, load_kv_tile, online_softmax_step
 from .checks import check_attention_inputs, check_query_start_loc
-from .config import MIN_DOT_SIZE, PrefillConfig, choose_prefill_config, padded_head_dim
+from .launch_config import MIN_DOT_SIZE, PrefillConfig, choose_prefill_config, padded_head_dim
 from .runtime import (
     dot_dtype,
     kernel_output_dtype,

@@ -6,7 +6,7 @@ Routes:
   sampling extras; ``stream`` sends Server-Sent Events ending with ``data: [DONE]``. Chat
   prompts come from the model's chat template (``tokenizer_config.json``), or ChatML when
   it has none (``pagedserve.server.tokenizer.chat_template.DEFAULT_CHAT_TEMPLATE``).
-- ``POST /v1/responses``: OpenAI's Responses API for text (``protocol_responses``); its
+- ``POST /v1/responses``: OpenAI's Responses API for text (``protocol/responses.py``); its
   stream sends typed events (``event: TYPE`` lines) and no ``[DONE]``.
 - ``GET /v1/models``, ``GET /v1/models/{model}``
 - ``POST /tokenize`` (``prompt`` or ``messages``) and ``POST /detokenize`` (``tokens``)
@@ -19,7 +19,8 @@ have OpenAI's body ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from pagedserve.server.api.app import create_app, make_runner, make_site
-from pagedserve.server.api.config import ServerConfig, ServerConfigError
+from pagedserve.server.api.config.server_config import ServerConfig
+from pagedserve.server.api.http.limits import ServerConfigError
 from pagedserve.server.api.shutdown import drain
 
 __all__ = ["ServerConfig", "ServerConfigError", "create_app", "drain", "make_runner",

@@ -6,44 +6,38 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from pagedserve.server.api import routes_info
-from pagedserve.server.api.admission import Admission
-from pagedserve.server.api.config import ServerConfig
-from pagedserve.server.api.connections import (
+from pagedserve.server.api.config.app_keys import (
+    CONFIG_KEY,
+    ENGINE_KEY,
+    MODEL_NAMES_KEY,
+    STARTED_KEY,
+)
+from pagedserve.server.api.config.server_config import ServerConfig
+from pagedserve.server.api.http.admission import ADMISSION_KEY, Admission
+from pagedserve.server.api.http.api_errors import error_middleware, shutting_down
+from pagedserve.server.api.http.connections import (
     ConnectionGuard,
     GuardedTCPSite,
     expect_continue,
 )
-from pagedserve.server.api.errors import error_middleware, shutting_down
-from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
-from pagedserve.server.api.metrics import ServerMetrics
-from pagedserve.server.api.parse_errors import json_parse_errors
-from pagedserve.server.api.server_log import ServerLog
-from pagedserve.server.api.serving_chat import create_chat_completion
-from pagedserve.server.api.serving_completions import create_completion
-from pagedserve.server.api.serving_responses import create_response
-from pagedserve.server.api.serving_tokenize import detokenize, tokenize
-from pagedserve.server.api.state import (
-    ADMISSION_KEY,
-    BATCHES_KEY,
-    CONFIG_KEY,
-    ENGINE_KEY,
-    METRICS_KEY,
-    MODEL_NAMES_KEY,
-    SERVER_LOG_KEY,
-    STARTED_KEY,
-    TOKENIZER_POOL_KEY,
-    TRACING_KEY,
-)
+from pagedserve.server.api.http.jsonio import TOKENIZER_POOL_KEY
+from pagedserve.server.api.http.parse_errors import json_parse_errors
+from pagedserve.server.api.serving.chat import create_chat_completion
+from pagedserve.server.api.serving.completions import create_completion
+from pagedserve.server.api.serving.generation import BATCHES_KEY
+from pagedserve.server.api.serving.responses import create_response
+from pagedserve.server.api.serving.tokenize import detokenize, tokenize
+from pagedserve.server.api.telemetry.hints import add_load_hints, get_load, track_steps
+from pagedserve.server.api.telemetry.metrics import METRICS_KEY, ServerMetrics
+from pagedserve.server.api.telemetry.server_log import SERVER_LOG_KEY, ServerLog
+from pagedserve.server.api.telemetry.tracing import TRACING_KEY, ServerTracing
 from pagedserve.server.api.web.access_log import PageQuietAccessLogger
 from pagedserve.server.api.web.page import add_web_ui
-
-if TYPE_CHECKING:
-    from pagedserve.server.api.tracing import ServerTracing
 
 # Once the engine is gone, how long a handler may keep its connection open.
 _SHUTDOWN_TIMEOUT_S = 5.0
@@ -54,8 +48,6 @@ def create_app(config: ServerConfig, tracing: ServerTracing | None = None) -> we
     (else one for ``config.otlp_traces_endpoint``, if set) traces generation requests."""
     admission = Admission(config.api_key, config.limits, config.trusted_proxies())
     if tracing is None and config.otlp_traces_endpoint:
-        from pagedserve.server.api.tracing import ServerTracing
-
         tracing = ServerTracing.from_endpoint(config.otlp_traces_endpoint)
     middlewares = [error_middleware, admission.middleware()]
     if tracing is not None:  # outermost: the span sees the status the client gets
@@ -161,6 +153,7 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        for batch in list(app[BATCHES_KEY]):
+        active = app[BATCHES_KEY]
+        for batch in list(active):
             batch.interrupt(shutting_down())
         await engine.shutdown()

@@ -5,10 +5,12 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pagedserve.server.api.errors import engine_unavailable, model_not_found, shutting_down
-from pagedserve.server.api.jsonio import json_response
-from pagedserve.server.api.serving_common import VERSION, Serving
-from pagedserve.server.api.state import ADMISSION_KEY, METRICS_KEY, STARTED_KEY
+from pagedserve.server.api.config.app_keys import STARTED_KEY
+from pagedserve.server.api.http.admission import ADMISSION_KEY
+from pagedserve.server.api.http.api_errors import engine_unavailable, model_not_found, shutting_down
+from pagedserve.server.api.http.jsonio import json_response
+from pagedserve.server.api.serving.pipeline import VERSION, Serving
+from pagedserve.server.api.telemetry.metrics import METRICS_KEY
 
 _OWNER = "pagedserve"
 

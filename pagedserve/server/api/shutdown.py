@@ -7,8 +7,10 @@ import logging
 
 from aiohttp import web
 
-from pagedserve.server.api.errors import shutting_down
-from pagedserve.server.api.state import ADMISSION_KEY, BATCHES_KEY, ENGINE_KEY
+from pagedserve.server.api.config.app_keys import ENGINE_KEY
+from pagedserve.server.api.http.admission import ADMISSION_KEY
+from pagedserve.server.api.http.api_errors import shutting_down
+from pagedserve.server.api.serving.generation import BATCHES_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,8 @@ async def drain(app: web.Application, timeout: float) -> bool:
                 admission.in_flight, timeout)
     if await admission.wait_idle(timeout):
         return True
-    batches = list(app[BATCHES_KEY])
+    active = app[BATCHES_KEY]
+    batches = list(active)
     logger.warning("drain timeout: aborting %d generation(s)", len(batches))
     for batch in batches:
         batch.interrupt(shutting_down())

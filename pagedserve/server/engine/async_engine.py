@@ -14,19 +14,19 @@ import os
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from pagedserve.common.engine_errors import EngineDeadError, InvalidRequestError
+from pagedserve.common.sampling_params import StructuredOutputsParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.core.outputs import RequestOutput
-from pagedserve.server.engine.core.request_preparation import PreparedRequest
+from pagedserve.server.engine.core.request_preparation import EngineRequest, PreparedRequest
 from pagedserve.server.engine.engine_snapshot import EngineSnapshot, SnapshotPublisher
 from pagedserve.server.engine.engine_stats import EngineStats, StepStats
 from pagedserve.server.engine.llm_engine import LLMEngine
-from pagedserve.server.errors import EngineDeadError, InvalidRequestError
-from pagedserve.server.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ _IDLE_WAIT_S = 0.5
 # Fault injection for tests of the failure path, off unless set: the step with this 1-based
 # number raises instead of running, as a failed model forward would.
 FAIL_STEP_ENV = "PAGEDSERVE_FAIL_STEP"
+# Requests with this many prompt tokens together are checked in a worker thread: below it the
+# thread hop costs more than the check.
+PREPARE_OFF_LOOP_TOKENS = 16384
 
 
 class InjectedStepFailure(RuntimeError):
@@ -69,7 +72,8 @@ class RequestStream:
 
     def _forward(self, item: RequestOutput | BaseException) -> None:
         self.finished = isinstance(item, BaseException) or item.finished
-        self._sink(item)
+        if self._sink is not None:
+            self._sink(item)
 
     def settle_admission(self, error: BaseException | None = None) -> None:
         if not self._admitted.done():
@@ -114,7 +118,8 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self.vocab_size = engine.model_config.vocab_size
         self.model_name = engine.args.model
-        self._inbox: queue.SimpleQueue[tuple] = queue.SimpleQueue()
+        # ("add", request, prepared, arrival) or ("abort", request_id)
+        self._inbox: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._wakeup = threading.Event()
         self._streams: dict[str, RequestStream] = {}
         self._thread: threading.Thread | None = None
@@ -214,21 +219,55 @@ class AsyncEngine:
 
     # -- requests -------------------------------------------------------------------------
 
-    def prepare_request(self, prompt_token_ids: list[int],
-                        params: SamplingParams) -> PreparedRequest:
-        """The request checked once, with its final parameters (``LLMEngine.prepare_request``):
-        InvalidRequestError for a request the engine can never serve. Changes nothing and may
-        run in any thread: the server prepares large prompts off its loop and hands the
-        result to :meth:`add_prepared`."""
-        return self.engine.prepare_request(prompt_token_ids, params)
+    async def generate(self, requests: Sequence[EngineRequest]) -> list[RequestStream]:
+        """The server's door into the engine: the engine requests behind one caller's request,
+        each checked once (``LLMEngine.prepare_request``; off the event loop for a long
+        prompt), its structured output's grammar compiled off the event loop and the step
+        loop, and the waiting queue's room counted, before any is added; their streams come
+        back in order and the loop thread admits them before its next step.
 
-    async def compile_grammar(self, params: SamplingParams) -> Any:
-        """The compiled grammar of ``params.structured_outputs`` (None without one), compiled
-        off the event loop and the step loop; InvalidRequestError for an invalid constraint
-        or one that takes longer than ``grammar_compile_timeout`` to compile."""
-        spec = params.structured_outputs
-        if spec is None:
-            return None
+        Raises InvalidRequestError (a request the engine can never serve, an invalid
+        constraint or one that takes longer than ``grammar_compile_timeout`` to compile),
+        QueueFullError or EngineDeadError; then none of them was added."""
+        prepared = await self._prepare(requests)
+        prepared = await self._with_grammars(prepared)
+        if not self.is_healthy:
+            raise EngineDeadError("the engine is not running")
+        arriving = self._inbox.qsize()
+        for i in range(len(prepared)):
+            self.engine.check_queue_room(num_arriving=arriving + i)
+        streams = []
+        for request, ready in zip(requests, prepared):
+            stream = RequestStream(request.request_id, self)
+            self._streams[request.request_id] = stream
+            self._inbox.put(("add", request, ready, time.monotonic()))
+            streams.append(stream)
+        self._wakeup.set()
+        return streams
+
+    async def _prepare(self, requests: Sequence[EngineRequest]) -> list[PreparedRequest]:
+        def prepare() -> list[PreparedRequest]:
+            return [self.engine.prepare_request(r.prompt_token_ids, r.params) for r in requests]
+
+        if sum(len(r.prompt_token_ids) for r in requests) < PREPARE_OFF_LOOP_TOKENS:
+            return prepare()
+        return await asyncio.to_thread(prepare)
+
+    async def _with_grammars(self, prepared: list[PreparedRequest]) -> list[PreparedRequest]:
+        """Each request with its grammar; a constraint the requests share compiles once."""
+        grammars: dict[int, Any] = {}
+        ready = []
+        for request in prepared:
+            spec = request.params.structured_outputs
+            if spec is None:
+                ready.append(request)
+                continue
+            if id(spec) not in grammars:
+                grammars[id(spec)] = await self._compile_grammar(spec)
+            ready.append(replace(request, grammar=grammars[id(spec)]))
+        return ready
+
+    async def _compile_grammar(self, spec: StructuredOutputsParams) -> Any:
         timeout = self.engine_args.grammar_compile_timeout
         work = asyncio.get_running_loop().run_in_executor(
             self._grammar_pool, self.engine.compile_grammar, spec)
@@ -238,32 +277,6 @@ class AsyncEngine:
             raise InvalidRequestError(
                 f"{spec.source} took longer than {timeout:g} s to compile; simplify it "
                 "(the server's --grammar-compile-timeout)", param=spec.source) from None
-
-    def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams, prompt: str | None = None,
-                    cache_salt: str | None = None, tenant: str | None = None,
-                    grammar: Any = None) -> RequestStream:
-        """:meth:`prepare_request` then :meth:`add_prepared`; ``grammar`` is
-        ``params.structured_outputs`` compiled (``compile_grammar``)."""
-        request = replace(self.prepare_request(prompt_token_ids, params), grammar=grammar)
-        return self.add_prepared(request_id, request, prompt, cache_salt, tenant)
-
-    def add_prepared(self, request_id: str, request: PreparedRequest,
-                     prompt: str | None = None, cache_salt: str | None = None,
-                     tenant: str | None = None) -> RequestStream:
-        """Adds a request :meth:`prepare_request` checked, without checking it again, and
-        returns its stream; the loop thread admits it before its next step. Raises
-        QueueFullError or EngineDeadError at once. ``tenant`` names whose request it is,
-        for the scheduler's fairness between them."""
-        if not self.is_healthy:
-            raise EngineDeadError("the engine is not running")
-        self.engine.scheduler.check_queue_room(num_arriving=self._inbox.qsize())
-        stream = RequestStream(request_id, self)
-        self._streams[request_id] = stream
-        self._inbox.put(("add", request_id, request, prompt, cache_salt, tenant,
-                         time.monotonic()))
-        self._wakeup.set()
-        return stream
 
     def abort(self, request_id: str) -> None:
         """Thread-safe and idempotent; the loop frees the request's blocks before its next
@@ -305,7 +318,8 @@ class AsyncEngine:
             logger.exception("engine loop failed")
             self._failure = exc
             self._fail_all(EngineDeadError(f"the engine loop failed: {exc!r}"))
-            self._loop.call_soon_threadsafe(self._failed.set)
+            if self._failed is not None:
+                self._to_loop(self._failed.set)
 
     def _drain_inbox(self) -> None:
         while True:
@@ -323,18 +337,17 @@ class AsyncEngine:
                     self._streams.pop(message[1], None)  # already finished
                 self._stats = self.engine.stats(with_projection=True)
 
-    def _admit(self, request_id: str, request: PreparedRequest, prompt: str | None,
-               cache_salt: str | None, tenant: str | None, arrival: float) -> None:
-        stream = self._streams.get(request_id)
+    def _admit(self, request: EngineRequest, prepared: PreparedRequest,
+               arrival: float) -> None:
+        stream = self._streams.get(request.request_id)
         if stream is None:
             return  # aborted before admission
         try:
-            self.engine.add_prepared(request_id, request, prompt=prompt, arrival_time=arrival,
-                                     cache_salt=cache_salt, tenant=tenant)
+            self.engine.add_prepared(request, prepared, arrival_time=arrival)
         except Exception as exc:  # rejected by the scheduler: the caller gets the error
-            self._send(request_id, exc)
+            self._send(request.request_id, exc)
             return
-        self._loop.call_soon_threadsafe(stream.settle_admission)
+        self._to_loop(stream.settle_admission)
 
     def _step(self) -> None:
         self._num_steps += 1
@@ -357,12 +370,18 @@ class AsyncEngine:
                 self._streams.pop(output.request_id, None)
             delivery.append((stream, output))
         if delivery:
-            self._loop.call_soon_threadsafe(_put_all, delivery)
+            self._to_loop(_put_all, delivery)
 
     def _send(self, request_id: str, exc: BaseException) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None:
-            self._loop.call_soon_threadsafe(stream.put, exc)
+            self._to_loop(stream.put, exc)
+
+    def _to_loop(self, callback: Callable[..., object], *args: object) -> None:
+        """``callback(*args)`` on the event loop the engine was started from."""
+        if self._loop is None:
+            raise RuntimeError("the engine was not started")
+        self._loop.call_soon_threadsafe(callback, *args)
 
     def _fail_all(self, exc: BaseException) -> None:
         for request_id in list(self._streams):
@@ -374,8 +393,9 @@ def _put_all(delivery: list[tuple[RequestStream, RequestOutput]]) -> None:
         stream.put(output)
 
 
-def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+def _settle(future: asyncio.Future[AsyncEngine], result: AsyncEngine | None,
+            error: BaseException | None) -> None:
     if error is not None:
         future.set_exception(error)
-    else:
+    elif result is not None:
         future.set_result(result)

@@ -11,25 +11,30 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.config.engine_config import CacheConfig
 from pagedserve.server.engine.core.beam_search import BeamState
 from pagedserve.server.engine.core.kv_projection import CachedProjection
 from pagedserve.server.engine.core.outputs import RequestOutput
-from pagedserve.server.engine.core.request_preparation import PreparedRequest, RequestPreparer
+from pagedserve.server.engine.core.request_preparation import (
+    EngineRequest,
+    PreparedRequest,
+    RequestPreparer,
+)
 from pagedserve.server.engine.core.scheduler import Scheduler
-from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
+from pagedserve.server.engine.core.scheduler_output import SampledBatch, SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.engine_stats import EngineStats, ParallelInfo, StepStats
+from pagedserve.server.engine.logits.sampling_plan import SamplingPlan, TokenSampler
 from pagedserve.server.engine.output_processor import OutputProcessor
 from pagedserve.server.engine.parallel.launcher import WorkerGroup
-from pagedserve.server.engine.sample.token_sampling import SampledBatch, SamplingPlan, TokenSampler
 from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_cache_memory
 from pagedserve.server.engine.worker.kv_cache import KVCache, resolve_kv_cache_dtype
 from pagedserve.server.engine.worker.model_runner import ModelRunner
@@ -40,7 +45,6 @@ from pagedserve.server.models.model_path import resolve_model
 from pagedserve.server.models.parallel_layers import shard_config
 from pagedserve.server.sampling.grammar import GrammarState
 from pagedserve.server.sampling.sampler import Sampler
-from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -156,45 +160,64 @@ class LLMEngine:
 
     # -- requests -------------------------------------------------------------------------
 
+    def add_request(self, request_id: str, prompt_token_ids: list[int],
+                    params: SamplingParams, prompt: str | None = None,
+                    arrival_time: float | None = None, cache_salt: str | None = None,
+                    tenant: str | None = None) -> None:
+        """One request through :meth:`add_requests`."""
+        request = EngineRequest(request_id, prompt_token_ids, params, prompt, tenant,
+                                cache_salt)
+        self.add_requests([request], arrival_time)
+
+    def add_requests(self, requests: Iterable[EngineRequest],
+                     arrival_time: float | None = None) -> None:
+        """The door of the synchronous engine (the offline ``LLM``'s): every request is
+        checked and its grammar compiled (cached) before any is added, so an
+        InvalidRequestError leaves none of them behind."""
+        requests = list(requests)
+        prepared = [self.with_grammar(self.prepare_request(r.prompt_token_ids, r.params))
+                    for r in requests]
+        for request, ready in zip(requests, prepared):
+            self.add_prepared(request, ready, arrival_time)
+
     def prepare_request(self, prompt_token_ids: list[int],
                         params: SamplingParams) -> PreparedRequest:
         """The request checked once, with its final parameters (``RequestPreparer``);
         InvalidRequestError for one this engine can never serve. Thread-safe."""
         return self.requests.prepare(prompt_token_ids, params)
 
+    def with_grammar(self, prepared: PreparedRequest) -> PreparedRequest:
+        """``prepared`` with its structured output's grammar compiled (cached)."""
+        spec = prepared.params.structured_outputs
+        return prepared if spec is None else replace(prepared,
+                                                     grammar=self.compile_grammar(spec))
+
     def compile_grammar(self, spec: StructuredOutputsParams) -> Any:
         """The compiled grammar of a structured-output constraint (cached); thread-safe."""
         return self.requests.compile_grammar(spec)
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int],
-                    params: SamplingParams, prompt: str | None = None,
-                    arrival_time: float | None = None, cache_salt: str | None = None,
-                    tenant: str | None = None, grammar: Any = None) -> None:
-        """``grammar``: the compiled grammar of ``params.structured_outputs``
-        (``compile_grammar``), compiled here when not given."""
-        request = replace(self.prepare_request(prompt_token_ids, params), grammar=grammar)
-        self.add_prepared(request_id, request, prompt, arrival_time, cache_salt, tenant)
+    def check_queue_room(self, num_arriving: int = 0) -> None:
+        """QueueFullError unless one more request fits the waiting queue, counting
+        ``num_arriving`` requests accepted but not yet added."""
+        self.scheduler.check_queue_room(num_arriving)
 
-    def add_prepared(self, request_id: str, request: PreparedRequest,
-                     prompt: str | None = None, arrival_time: float | None = None,
-                     cache_salt: str | None = None, tenant: str | None = None) -> None:
-        """Adds a request ``prepare_request`` checked (in any thread) to the scheduler;
-        ``tenant`` names whose request it is, for the scheduler's fairness between them."""
-        params, prompt_token_ids = request.params, request.prompt_token_ids
-        grammar = request.grammar
-        if params.structured_outputs is not None and grammar is None:
-            grammar = self.compile_grammar(params.structured_outputs)
+    def add_prepared(self, request: EngineRequest, prepared: PreparedRequest,
+                     arrival_time: float | None = None) -> None:
+        """Adds a request a door prepared (checked, its grammar compiled) to the
+        scheduler, without checking it again."""
+        params, prompt_token_ids = prepared.params, prepared.prompt_token_ids
+        grammar, cache_salt = prepared.grammar, request.cache_salt
         if params.prompt_logprobs is not None:
             # Every prompt position must be computed to report its logprob: no cache hits.
-            cache_salt = f"prompt-logprobs:{request_id}:{cache_salt or ''}"
+            cache_salt = f"prompt-logprobs:{request.request_id}:{cache_salt or ''}"
         eos = self.requests.eos_token_id
         seq = Sequence(self.scheduler.new_seq_id(), prompt_token_ids, self.cache_config.block_size,
                        text=self.outputs.text_state(prompt_token_ids, params),
                        grammar=None if grammar is None else GrammarState.start(grammar))
         group = SequenceGroup(
-            request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
-            cache_salt=cache_salt, prompt=prompt, eos_token_id=eos,
-            bad_words_token_ids=request.bad_words_token_ids, tenant=tenant,
+            request.request_id, [seq], params, arrival_time=arrival_time or time.monotonic(),
+            cache_salt=cache_salt, prompt=request.prompt, eos_token_id=eos,
+            bad_words_token_ids=prepared.bad_words_token_ids, tenant=request.tenant,
             beam=BeamState.for_request(params, eos, self.max_model_len - len(prompt_token_ids)),
         )
         self.scheduler.add_seq_group(group)

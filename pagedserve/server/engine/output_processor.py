@@ -16,12 +16,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from pagedserve.server.engine.core.outputs import CompletionOutput, RequestOutput
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.server.engine.core.outputs import (
+    CompletionOutput,
+    PositionLogprobs,
+    RequestOutput,
+)
 from pagedserve.server.engine.core.scheduler_output import StepUpdate
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.core.text_state import TextState
 from pagedserve.server.sampling.stop_conditions import StopChecker
-from pagedserve.server.sampling_params import SamplingParams
 from pagedserve.server.tokenizer.base import Tokenizer
 from pagedserve.server.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -56,7 +60,7 @@ class OutputProcessor:
     def make(self, update: StepUpdate) -> StepOutputs:
         """Outputs of the requests the step changed, each processed on its own."""
         made = StepOutputs()
-        logprobs: dict[int, list] = {}
+        logprobs: dict[int, list[PositionLogprobs]] = {}
         for seq, position in zip(update.logprob_seqs, update.logprobs):
             logprobs.setdefault(seq.seq_id, []).append(position)
         for group in update.groups.values():
@@ -82,7 +86,7 @@ class OutputProcessor:
             return self._error_output(group, exc)
         return output if output is not None else self._error_output(group, None)
 
-    def _process(self, group: SequenceGroup, logprobs: dict[int, list]
+    def _process(self, group: SequenceGroup, logprobs: dict[int, list[PositionLogprobs]]
                  ) -> list[tuple[Sequence, str]]:
         """Append each sequence's new logprobs and text; return the stop-string hits."""
         stopped = []
@@ -138,7 +142,7 @@ class OutputProcessor:
                                     error=f"processing the request's output failed ({reason})")
 
     def _beam_outputs(self, group: SequenceGroup) -> list[CompletionOutput]:
-        if not group.is_finished():
+        if not group.is_finished() or group.beam is None:
             return []  # beams are re-ranked every step: results exist only at the end
         params = group.sampling_params
         live = [s for s in group.seqs if s.status.is_finished]
@@ -163,7 +167,7 @@ def _sample_outputs(group: SequenceGroup, stopped: dict[Sequence, str],
                     finished: bool) -> list[CompletionOutput]:
     params = group.sampling_params
     seqs = sorted(group.seqs, key=lambda s: s.sample_index)
-    ranked = params.best_of > params.n
+    ranked = params.num_samples > params.n
     # The sampler skips the sampled token's logprob unless logprobs or ranking need it.
     tracked = ranked or params.logprobs is not None
     if ranked:
@@ -188,13 +192,14 @@ def _update_text(seq: Sequence, text: TextState, params: SamplingParams) -> str 
     """Appends the text of the tokens appended since the last call; returns the stop string
     it completed, if any."""
     new = seq.output_token_ids[text.num_tokens:]
-    if not new:
+    detokenizer = text.detokenizer
+    if not new or detokenizer is None:  # no tokenizer: no text to update
         return None
     text.num_tokens = len(seq.output_token_ids)
     ended = seq.is_finished()
-    delta = text.detokenizer.add_tokens(new)
+    delta = detokenizer.add_tokens(new)
     if ended:
-        delta += text.detokenizer.flush()
+        delta += detokenizer.flush()
     if len(seq.output_token_ids) < params.min_tokens or not params.stop:
         # Stop strings count only from min_tokens on; before that text passes through.
         text.text += delta

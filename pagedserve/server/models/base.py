@@ -15,7 +15,7 @@ from torch import nn
 
 from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.attention import AttentionMetadata
-from pagedserve.server.models.config import ModelConfig
+from pagedserve.server.models.model_config import ModelConfig
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import ParallelLMHead, VocabParallelEmbedding
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import torch
 
 from pagedserve.server.models.base import FusedTensors
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.weight_slot import TensorSource, source_shape
 
 T = TypeVar("T")

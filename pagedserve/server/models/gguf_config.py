@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from pagedserve.common.gguf_file import GGUFFileError, metadata_value, required_value
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 
 # general.architecture → (the Hugging Face architecture, its model_type)
 GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {

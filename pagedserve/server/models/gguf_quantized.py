@@ -33,10 +33,10 @@ from pagedserve.kernels.quantized_linear import (
     take_inputs,
     take_rows,
 )
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.gguf_repack import BLOCKS, can_repack, repack
 from pagedserve.server.models.gguf_weights import GGUFTensor, gguf_tensors
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.parallel_layers import PackableLinear, VocabParallelEmbedding
 from pagedserve.server.models.quantized_linear import EMBEDDING_NOTE
 from pagedserve.server.models.source import open_gguf_model

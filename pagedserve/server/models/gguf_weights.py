@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.fused_weights import split_fused
 from pagedserve.server.models.gguf_config import ROPE_TENSORS
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.registry import get_model_class
 
 # llama.cpp tensor name (after "blk.N.") → Hugging Face name (after "model.layers.N.")

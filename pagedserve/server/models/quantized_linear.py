@@ -25,7 +25,7 @@ from pagedserve.kernels.quantized_linear import (
     quantize_int4,
     quantize_int8,
 )
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.parallel_layers import PackableLinear
 
 QUANTIZATIONS = ("none", "gguf", "int8", "int4")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.llama import DecoderLayout, LlamaForCausalLM
+from pagedserve.server.models.model_config import ModelConfig
 
 
 class Qwen2ForCausalLM(LlamaForCausalLM):

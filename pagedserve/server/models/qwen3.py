@@ -3,8 +3,8 @@ biases (unless the config asks for them), and a head size of its own (``head_dim
 
 from __future__ import annotations
 
-from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.llama import DecoderLayout, LlamaForCausalLM
+from pagedserve.server.models.model_config import ModelConfig
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

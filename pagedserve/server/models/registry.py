@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pagedserve.server.models.base import CausalLM
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.llama import LlamaForCausalLM
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.opt import OPTForCausalLM
 from pagedserve.server.models.phi3 import Phi3ForCausalLM
 from pagedserve.server.models.qwen2 import Qwen2ForCausalLM

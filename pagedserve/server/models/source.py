@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from pagedserve.common.gguf_file import GGUF_SUFFIX, GGUFFileError, is_gguf_file, open_gguf
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.models.errors import ModelLoadError
 from pagedserve.server.models.fused_weights import split_fused
 from pagedserve.server.models.gguf_config import gguf_model_config
 from pagedserve.server.models.gguf_weights import gguf_weights
+from pagedserve.server.models.model_config import ModelConfig
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.weight_slot import TensorSource
 from pagedserve.server.models.weights import checkpoint_files, iterate_weights

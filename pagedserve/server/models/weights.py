@@ -14,7 +14,7 @@ from safetensors import safe_open
 from torch import nn
 
 from pagedserve.server.models.base import CausalLM
-from pagedserve.server.models.errors import ModelLoadError
+from pagedserve.server.models.model_load_error import ModelLoadError
 from pagedserve.server.models.weight_slot import TensorSource, WeightSlot, source_shape
 
 INDEX_FILE = "model.safetensors.index.json"

@@ -24,8 +24,8 @@ from typing import Protocol
 import torch
 import xgrammar
 
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling_params import StructuredOutputsParams
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import StructuredOutputsParams
 
 
 class TokenVocabulary(Protocol):

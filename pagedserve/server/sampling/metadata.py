@@ -13,30 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams, SamplingType
 from pagedserve.server.sampling.exponential_race import generator_seed
-from pagedserve.server.sampling.grammar import GrammarState, grammar_bitmask
+from pagedserve.server.sampling.grammar import grammar_bitmask
+from pagedserve.server.sampling.sampling_row import SamplingRow
 from pagedserve.server.sampling.token_masks import build_blocked_mask, build_logit_bias
 from pagedserve.server.sampling.validation import validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams, SamplingType
-
-
-@dataclass(slots=True)
-class SamplingRow:
-    """One sequence that samples a token this step.
-
-    ``seed`` is the effective seed of this sample (the engine passes ``params.seed + i`` for
-    sample ``i``), ``None`` for unseeded sampling. ``bad_words_token_ids`` holds
-    ``params.bad_words`` already tokenized, one id sequence per word. ``grammar`` is the
-    sequence's place in its structured-output grammar, ``None`` for free text.
-    """
-
-    params: SamplingParams
-    prompt_token_ids: Sequence[int]
-    output_token_ids: Sequence[int]
-    seed: int | None = None
-    eos_token_id: int | None = None
-    bad_words_token_ids: Sequence[Sequence[int]] = ()
-    grammar: GrammarState | None = None
 
 
 @dataclass(slots=True)
@@ -135,7 +117,7 @@ class SamplingMetadata:
 
 def _logprob_rows(rows: Sequence[SamplingRow]) -> list[int] | None:
     needed = [i for i, row in enumerate(rows)
-              if row.params.logprobs is not None or row.params.best_of > row.params.n]
+              if row.params.logprobs is not None or row.params.num_samples > row.params.n]
     return None if len(needed) == len(rows) else needed
 
 

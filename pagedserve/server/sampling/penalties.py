@@ -9,54 +9,12 @@ that no bias can revive a banned token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.server.sampling_params import SamplingParams
-
 if TYPE_CHECKING:
     from pagedserve.server.sampling.metadata import SamplingMetadata
-
-
-def min_tokens_banned_ids(
-    params: SamplingParams, output_len: int, eos_token_id: int | None
-) -> list[int]:
-    """Ids that may not be sampled yet because fewer than ``min_tokens`` tokens exist.
-
-    EOS is banned even under ``ignore_eos``, as in vLLM: ``min_tokens`` promises that many
-    tokens of real text before an end-of-text token shows up in the output at all.
-    """
-    if output_len >= params.min_tokens:
-        return []
-    banned = list(params.stop_token_ids)
-    if eos_token_id is not None:
-        banned.append(eos_token_id)
-    return banned
-
-
-def bad_words_banned_ids(
-    bad_words_token_ids: Sequence[Sequence[int]], output_token_ids: Sequence[int]
-) -> tuple[list[int], list[int]]:
-    """Ids that would complete a bad word: ``(always, this_step)``.
-
-    A one-token word is always banned. A longer word bans its last token only when the
-    output already ends with the rest of the word; the prompt does not count, as in vLLM.
-    """
-    always: list[int] = []
-    this_step: list[int] = []
-    for word in bad_words_token_ids:
-        prefix_len = len(word) - 1
-        if prefix_len == 0:
-            always.append(word[0])
-        elif prefix_len <= len(output_token_ids) and _ends_with(output_token_ids, word[:-1]):
-            this_step.append(word[-1])
-    return always, this_step
-
-
-def _ends_with(tokens: Sequence[int], suffix: Sequence[int]) -> bool:
-    return list(tokens[len(tokens) - len(suffix):]) == list(suffix)
 
 
 def apply_repetition_penalty(

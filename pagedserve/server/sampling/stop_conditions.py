@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
 
 FinishReason = Literal["stop", "length"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.sampling.penalties import min_tokens_banned_ids
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams
+from pagedserve.server.sampling.token_masks import min_tokens_banned_ids
 
 
 def check_ids_in_vocab(param: str, token_ids: Iterable[int], vocab_size: int) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.tokenizer.chat_encoding import encode_chat
 from pagedserve.server.tokenizer.chat_template import render_chat_template
-from pagedserve.server.tokenizer.errors import TokenizerLoadError
+from pagedserve.server.tokenizer.tokenizer_load_error import TokenizerLoadError
 
 __all__ = ["Tokenizer", "TokenizerLoadError"]
 

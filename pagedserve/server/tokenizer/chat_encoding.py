@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.tokenizer.chat_spans import RenderedChat, render_chat_spans
 
 if TYPE_CHECKING:

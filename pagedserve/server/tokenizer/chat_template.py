@@ -43,8 +43,8 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pagedserve.server.errors import InvalidRequestError
-from pagedserve.server.tokenizer.errors import TokenizerLoadError
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.server.tokenizer.tokenizer_load_error import TokenizerLoadError
 
 DEFAULT_CHAT_TEMPLATE = (
     # With tools, a system turn lists them (merged with the conversation's own system

@@ -18,10 +18,10 @@ from tokenizers import AddedToken, processors
 
 from pagedserve.common.gguf_file import GGUFFileError, metadata_value, open_gguf
 from pagedserve.server.tokenizer.chat_template import checked_chat_template
-from pagedserve.server.tokenizer.errors import TokenizerLoadError
 from pagedserve.server.tokenizer.gguf_vocab import build_backend, byte_characters
 from pagedserve.server.tokenizer.hf import HFTokenizer
 from pagedserve.server.tokenizer.hf_config import HFTokenizerConfig
+from pagedserve.server.tokenizer.tokenizer_load_error import TokenizerLoadError
 
 PREFIX = "tokenizer.ggml."
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4

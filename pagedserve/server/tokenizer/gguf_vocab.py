@@ -19,7 +19,7 @@ from tokenizers import Regex, decoders, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers.models import BPE
 
-from pagedserve.server.tokenizer.errors import TokenizerLoadError
+from pagedserve.server.tokenizer.tokenizer_load_error import TokenizerLoadError
 
 SPACE = "▁"
 # llama.cpp's pre-tokenizer regexes by ``tokenizer.ggml.pre``; others split as GPT-2 does.

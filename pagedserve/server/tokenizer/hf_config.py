@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pagedserve.server.tokenizer.chat_template import checked_chat_template
-from pagedserve.server.tokenizer.errors import TokenizerLoadError
+from pagedserve.server.tokenizer.tokenizer_load_error import TokenizerLoadError
 
 CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"

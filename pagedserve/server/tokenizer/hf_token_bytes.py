@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pagedserve.server.tokenizer.errors import TokenizerLoadError
+from pagedserve.server.tokenizer.tokenizer_load_error import TokenizerLoadError
 
 # One decoder step: a token as text (not yet bytes) or bytes → the same.
 _Step = Callable[[str | bytes], str | bytes]

@@ -18,7 +18,7 @@ from pathlib import Path
 import tiktoken
 
 from pagedserve.common.encoding import load_encoding
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.server.tokenizer.base import Tokenizer, TokenizerLoadError
 from pagedserve.server.tokenizer.chat_template import checked_chat_template
 

@@ -12,6 +12,8 @@ from pagedserve.server.engine.config.engine_config import (
     DEFAULT_TENANT_LINGER_SECONDS,
     KV_CACHE_DTYPES,
     CacheConfig,
+    KVAllocationName,
+    PreemptionModeName,
     SchedulerConfig,
 )
 from pagedserve.server.models.model_path import SMOLLM2_INSTALL, SMOLLM2_NAME
@@ -49,11 +51,11 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     swap_space: float = 4.0
     enable_prefix_caching: bool = False
-    kv_allocation: str = "paged"
+    kv_allocation: KVAllocationName = "paged"
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None
-    preemption_mode: str = "auto"
+    preemption_mode: PreemptionModeName = "auto"
     max_waiting_requests: int | None = None
     max_shared_prefill_tokens: int | None = None
     tenant_linger_seconds: float = DEFAULT_TENANT_LINGER_SECONDS

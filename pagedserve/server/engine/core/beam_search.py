@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.common.sampling_params import SamplingParams
 
 _NEG_INF = -1.0e9
 

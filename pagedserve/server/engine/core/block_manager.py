@@ -12,6 +12,7 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 
+from pagedserve.common.engine_errors import BlockAllocationError
 from pagedserve.server.engine.config.engine_config import CacheConfig
 from pagedserve.server.engine.core.block_pool import BlockPool
 from pagedserve.server.engine.core.integrity import check_block_integrity
@@ -21,14 +22,14 @@ from pagedserve.server.engine.core.kv_allocation import (
     cdiv,
     make_kv_allocation,
 )
+from pagedserve.server.engine.core.kv_usage import KVCacheUsage, PoolUsage
 from pagedserve.server.engine.core.prefix_cache import (
+    BlockHash,
     PrefixCacheStats,
     max_cache_hit_blocks,
-    update_block_hashes,
+    new_block_hashes,
 )
-from pagedserve.server.engine.core.scheduler_stats import KVCacheUsage, PoolUsage
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
-from pagedserve.server.errors import BlockAllocationError
 
 BlockMapping = list[tuple[int, int]]
 
@@ -137,11 +138,17 @@ class BlockManager:
         if self.enable_prefix_caching:
             self.prefix_cache_stats.record(seq.num_tokens, seq.num_cached_tokens)
 
+    def _block_hashes(self, seq: Sequence, cache_salt: str | None) -> list[BlockHash]:
+        """``seq.block_hashes``, first extended to every full block of its tokens."""
+        seq.block_hashes.extend(new_block_hashes(seq.token_ids, seq.block_size,
+                                                 seq.block_hashes, cache_salt))
+        return seq.block_hashes
+
     def _find_cache_hits(self, seq: Sequence, cache_salt: str | None) -> list[int]:
         """Device blocks caching the longest prefix of ``seq``'s full blocks that may be hit."""
         if not self.enable_prefix_caching:
             return []
-        hashes = update_block_hashes(seq, cache_salt)
+        hashes = self._block_hashes(seq, cache_salt)
         hits: list[int] = []
         for block_hash in hashes[:max_cache_hit_blocks(seq.num_tokens, self.block_size)]:
             block_id = self.device_pool.get_cached_block(block_hash)
@@ -254,7 +261,7 @@ class BlockManager:
         """Offer the prefix cache every block that is now full of computed tokens."""
         if not self.enable_prefix_caching:
             return
-        hashes = update_block_hashes(seq, cache_salt)
+        hashes = self._block_hashes(seq, cache_salt)
         num_full = min(seq.num_computed_tokens // self.block_size, len(hashes))
         for index in range(seq.num_registered_blocks, num_full):
             self.device_pool.cache_block(seq.block_table[index], hashes[index])

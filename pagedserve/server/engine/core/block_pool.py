@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from pagedserve.common.engine_errors import BlockAllocationError
 from pagedserve.server.engine.core.block import FreeBlockQueue, KVCacheBlock
 from pagedserve.server.engine.core.prefix_cache import BlockHash
-from pagedserve.server.errors import BlockAllocationError
 
 
 class BlockPool:
@@ -140,7 +140,8 @@ class BlockPool:
         return True
 
     def _evict(self, block: KVCacheBlock) -> None:
-        del self.cached_blocks[block.block_hash]
+        if block.block_hash is not None:  # a cached free block always has its hash
+            del self.cached_blocks[block.block_hash]
         block.block_hash = None
         self._num_cached_free -= 1
         self.num_evictions += 1

@@ -11,26 +11,25 @@ with the router's prefix policy.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pagedserve.common.block_hash import BlockHash, hash_block_tokens
 
-if TYPE_CHECKING:
-    from pagedserve.server.engine.core.sequence import Sequence
-
 __all__ = ["BlockHash", "PrefixCacheStats", "hash_block_tokens", "max_cache_hit_blocks",
-           "update_block_hashes"]
+           "new_block_hashes"]
 
 
-def update_block_hashes(seq: Sequence, extra_key: str | None) -> list[BlockHash]:
-    """Hash every full block of ``seq.token_ids`` not hashed yet; returns ``seq.block_hashes``."""
-    hashes = seq.block_hashes
-    size = seq.block_size
-    for index in range(len(hashes), len(seq.token_ids) // size):
-        parent = hashes[-1] if hashes else None
-        hashes.append(hash_block_tokens(parent, seq.token_ids[index * size:(index + 1) * size],
-                                        extra_key))
-    return hashes
+def new_block_hashes(token_ids: list[int], block_size: int, hashes: list[BlockHash],
+                     extra_key: str | None) -> list[BlockHash]:
+    """The hashes of the full blocks of ``token_ids`` after the ``len(hashes)`` already hashed
+    (``hashes``), each chained to the one before it. Changes nothing: the block manager
+    records them in the sequence."""
+    parent = hashes[-1] if hashes else None
+    found = []
+    for index in range(len(hashes), len(token_ids) // block_size):
+        parent = hash_block_tokens(parent, token_ids[index * block_size:(index + 1) * block_size],
+                                   extra_key)
+        found.append(parent)
+    return found
 
 
 def max_cache_hit_blocks(num_tokens: int, block_size: int) -> int:

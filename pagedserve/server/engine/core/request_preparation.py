@@ -1,5 +1,9 @@
 """A request checked once and given its final parameters before the scheduler sees it.
 
+An ``EngineRequest`` is what a caller hands the engine's door (``LLMEngine.add_requests``,
+``AsyncEngine.generate``): the prompt's ids, the parameters as the caller gave them, and
+who asks.
+
 ``RequestPreparer.prepare`` settles what the engine adds: the ``max_tokens`` default (the
 room the prompt leaves), the checkpoint's other end tokens as stop ids, the bad words as
 token ids, and every id checked against the vocabulary. It changes nothing and may run in
@@ -15,18 +19,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pagedserve.server.engine.core.admission import check_context_length
-from pagedserve.server.errors import InvalidRequestError
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.common.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedserve.server.engine.core.admissibility import check_context_length
 from pagedserve.server.sampling.grammar import GrammarCompiler
 from pagedserve.server.sampling.validation import validate_token_ids
-from pagedserve.server.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.tokenizer.base import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One request through the engine's door. ``prompt``: the prompt's text, when there is
+    one (outputs echo it); ``tenant``: whose request it is, for the scheduler's fairness
+    between tenants; ``cache_salt``: keeps its prefix-cache blocks apart from others'."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    prompt: str | None = None
+    tenant: str | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class PreparedRequest:
     """A request ``RequestPreparer.prepare`` checked, with its final parameters, and the
-    compiled grammar of its structured output once compiled (``compile_grammar``)."""
+    compiled grammar of its structured output once compiled (``compile_grammar``): the
+    engine's door fills it in before the request is added."""
 
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -64,8 +83,10 @@ class RequestPreparer:
         defaults go into a copy). The sampler does not check the ids again."""
         prompt_token_ids = list(prompt_token_ids)
         n_prompt = len(prompt_token_ids)
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=max(1, self.max_model_len - n_prompt))
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, self.max_model_len - n_prompt)
+            params = replace(params, max_tokens=max_tokens)
         self._check_prompt_ids(prompt_token_ids)
         extra_eos = self._extra_eos_token_ids(params)
         if extra_eos:
@@ -80,7 +101,7 @@ class RequestPreparer:
         if params.use_beam_search and params.stop:
             raise InvalidRequestError("stop strings are not supported with beam search",
                                       param="stop")
-        check_context_length(n_prompt, params.max_tokens, self.max_model_len)
+        check_context_length(n_prompt, max_tokens, self.max_model_len)
         return PreparedRequest(prompt_token_ids, params, bad_words)
 
     def bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:

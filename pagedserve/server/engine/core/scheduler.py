@@ -9,8 +9,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from pagedserve.common.engine_errors import (
+    BlockAllocationError,
+    InvalidRequestError,
+    QueueFullError,
+)
 from pagedserve.server.engine.config.engine_config import CacheConfig, SchedulerConfig
-from pagedserve.server.engine.core.admission import check_admissible
+from pagedserve.server.engine.core.admissibility import check_admissible
 from pagedserve.server.engine.core.block_manager import AllocStatus, BlockManager
 from pagedserve.server.engine.core.fair_share import TenantShares
 from pagedserve.server.engine.core.integrity import check_scheduler_integrity
@@ -21,7 +26,6 @@ from pagedserve.server.engine.core.scheduling_budget import SchedulingBudget
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, SequenceStatus
 from pagedserve.server.engine.core.step_shares import StepShares
 from pagedserve.server.engine.core.tenant_activity import TenantActivity
-from pagedserve.server.errors import BlockAllocationError, InvalidRequestError, QueueFullError
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.core.scheduler_output import SampledBatch, StepUpdate

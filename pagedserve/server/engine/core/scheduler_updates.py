@@ -21,6 +21,7 @@ from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup, Sequ
 from pagedserve.server.sampling.stop_conditions import check_stop_token
 
 if TYPE_CHECKING:
+    from pagedserve.server.engine.core.beam_search import BeamContinuation
     from pagedserve.server.engine.core.scheduler import Scheduler
     from pagedserve.server.engine.core.scheduler_output import BeamStep, SampledBatch, SampledToken
 
@@ -52,7 +53,9 @@ class StepUpdater:
         now = self._clock()
         scheduler = self._scheduler
         for group, positions in sampled.prompt_positions:
-            group.prompt_logprobs.extend(positions)
+            reported = group.prompt_logprobs
+            assert reported is not None, "only a request that asked for them gets them"
+            reported.extend(positions)
         # Forks first: a child must copy its parent before the parent appends its own token.
         seqs = [scheduler.fork_seq(t.draw.seq, t.draw.group, sample_index=t.draw.index)
                 if t.draw.forks else t.draw.seq for t in sampled.tokens]
@@ -101,15 +104,16 @@ class StepUpdater:
             self._scheduler.finish_seq(seq, _STATUS_BY_REASON[reason])
 
     def _step_beams(self, beam_step: BeamStep, now: float, update: StepUpdate) -> None:
-        group, beams = beam_step.group, beam_step.beams
-        kept = group.beam.step([b.output_token_ids for b in beams],
-                               [b.cumulative_logprob for b in beams], beam_step.candidates)
+        group, beams, state = beam_step.group, beam_step.beams, beam_step.group.beam
+        assert state is not None, "a beam step's request runs beam search"
+        kept = state.step([b.output_token_ids for b in beams],
+                          [b.cumulative_logprob for b in beams], beam_step.candidates)
         _mark_token(group, now, update)
-        if group.beam.done:
+        if state.done:
             for beam in beams:
                 self._scheduler.finish_seq(beam, SequenceStatus.FINISHED_STOPPED)
             return
-        children: dict[int, list] = {}
+        children: dict[int, list[BeamContinuation]] = {}
         for continuation in kept:
             children.setdefault(continuation.parent, []).append(continuation)
         for i, beam in enumerate(beams):  # drop first: their blocks serve the forks

@@ -28,8 +28,9 @@ class SchedulingBudget:
         if self.tokens_left < len(seqs):
             return None
         left = self.tokens_left
-        if self._is_shared(seq_group):
-            left = min(left, self.shares.left(seq_group.tenant))
+        shares = self._shares_of(seq_group)
+        if shares is not None:
+            left = min(left, shares.left(seq_group.tenant))
             if left < len(seqs):
                 return []
         plan = []
@@ -43,14 +44,17 @@ class SchedulingBudget:
     def admits(self, seq_group: SequenceGroup) -> bool:
         """Whether a waiting request would get a token for each of its sequences."""
         width = seq_group.num_seqs(SequenceStatus.WAITING)
-        if self._is_shared(seq_group) and self.shares.left(seq_group.tenant) < width:
+        shares = self._shares_of(seq_group)
+        if shares is not None and shares.left(seq_group.tenant) < width:
             return False
         return self.tokens_left >= width
 
     def spend(self, seq_group: SequenceGroup, num_tokens: int) -> None:
-        if self._is_shared(seq_group):
-            self.shares.spend(seq_group.tenant, num_tokens)
+        shares = self._shares_of(seq_group)
+        if shares is not None:
+            shares.spend(seq_group.tenant, num_tokens)
         self.tokens_left -= num_tokens
 
-    def _is_shared(self, seq_group: SequenceGroup) -> bool:
-        return self.shares is not None and is_prefilling(seq_group)
+    def _shares_of(self, seq_group: SequenceGroup) -> StepShares | None:
+        """The allowances that bound this request: a prefill's, while tenants share."""
+        return self.shares if is_prefilling(seq_group) else None

@@ -7,9 +7,9 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pagedserve.common.block_hash import BlockHash
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestMetrics
-from pagedserve.server.engine.core.prefix_cache import BlockHash
-from pagedserve.server.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.core.beam_search import BeamState
@@ -244,6 +244,6 @@ class SequenceGroup:
         come exactly while it has none (counting ``best_of > len(seqs)`` instead would count
         them again once a forked sequence is dropped)."""
         params = self.sampling_params
-        forks_to_come = params.best_of > 1 and self.seqs[0].num_output_tokens == 0
-        width = params.best_of if params.use_beam_search or forks_to_come else 1
+        forks_to_come = params.num_samples > 1 and self.seqs[0].num_output_tokens == 0
+        width = params.num_samples if params.use_beam_search or forks_to_come else 1
         return max(width, self.num_unfinished_seqs())

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
+from pagedserve.common.engine_errors import WorkerFailedError
 from pagedserve.server.engine.config.engine_args import EngineArgs, resolve_device
 from pagedserve.server.engine.config.engine_config import SchedulerConfig
 from pagedserve.server.engine.parallel.rendezvous import (
@@ -44,9 +45,8 @@ from pagedserve.server.engine.parallel.watchdog import WorkerWatchdog, describe_
 from pagedserve.server.engine.parallel.worker import KVBlocks, KVPlan, WorkerInit, worker_process
 from pagedserve.server.engine.worker.kv_cache import KVCache
 from pagedserve.server.engine.worker.model_runner import ModelRunner
-from pagedserve.server.errors import WorkerFailedError
-from pagedserve.server.models.config import ModelConfig
 from pagedserve.server.models.loader import default_quantization, resolve_dtype
+from pagedserve.server.models.model_config import ModelConfig
 from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import check_tensor_parallel
 from pagedserve.server.models.source import load_config
@@ -130,6 +130,13 @@ class WorkerGroup:
                     device.type, "torchrun" if launched else "spawned workers", per_rank)
         return cls(group, device, rdzv, processes, threads)
 
+    @property
+    def _store(self) -> Rendezvous:
+        """The store the ranks meet in; a group with workers always has one."""
+        if self._rdzv is None:
+            raise RuntimeError("a single-rank group has no rendezvous store")
+        return self._rdzv
+
     def agree_kv_memory(self, profile: Callable[[], int], scheduler_config: SchedulerConfig,
                         block_size: int, gpu_memory_utilization: float) -> int:
         """The KV memory every rank can afford: ``profile()`` runs here while each worker
@@ -137,11 +144,11 @@ class WorkerGroup:
         if self.size == 1:
             return profile()
         plan = KVPlan(True, scheduler_config, block_size, gpu_memory_utilization)
-        self._rdzv.set("kv_plan", pickle.dumps(plan))
+        self._store.set("kv_plan", pickle.dumps(plan))
         self._planned = True
         mine = profile()
-        _wait_for(self._rdzv, self._processes, "kv_memory", "measure its memory")
-        theirs = [int(self._rdzv.get(f"kv_memory/{rank}")) for rank in range(1, self.size)]
+        _wait_for(self._store, self._processes, "kv_memory", "measure its memory")
+        theirs = [int(self._store.get(f"kv_memory/{rank}")) for rank in range(1, self.size)]
         return min(mine, *theirs)
 
     def finish_startup(self, kv_cache: KVCache) -> None:
@@ -149,11 +156,11 @@ class WorkerGroup:
         rank has its model shard and a KV cache of the same number of blocks."""
         if self.size > 1:
             if not self._planned:
-                self._rdzv.set("kv_plan", pickle.dumps(KVPlan(False)))
+                self._store.set("kv_plan", pickle.dumps(KVPlan(False)))
             blocks = KVBlocks(kv_cache.num_device_blocks, kv_cache.num_cpu_blocks)
-            self._rdzv.set("kv_blocks", pickle.dumps(blocks))
+            self._store.set("kv_blocks", pickle.dumps(blocks))
             try:
-                _wait_for(self._rdzv, self._processes, "ready", "load its shard")
+                _wait_for(self._store, self._processes, "ready", "load its shard")
             except BaseException:
                 self.shutdown()
                 raise

@@ -37,10 +37,10 @@ class Rendezvous:
 
     def get(self, key: str) -> bytes:
         """Blocks until ``key`` is set (up to the store's timeout)."""
-        return self.store.get(KEY_PREFIX + key)
+        return bytes(self.store.get(KEY_PREFIX + key))
 
     def has(self, key: str) -> bool:
-        return self.store.check([KEY_PREFIX + key])
+        return bool(self.store.check([KEY_PREFIX + key]))
 
 
 def host_store(world_size: int, timeout: timedelta) -> Rendezvous:

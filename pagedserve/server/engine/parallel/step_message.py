@@ -108,7 +108,10 @@ def pack(message: StepMessage) -> tuple[torch.Tensor, int]:
 
 def unpack(body: torch.Tensor, skeleton_len: int, device: torch.device) -> StepMessage:
     skeleton = pickle.loads(body[:skeleton_len].numpy().tobytes())
-    return _rebuild(skeleton, body[skeleton_len + _pad(skeleton_len):], device)
+    message = _rebuild(skeleton, body[skeleton_len + _pad(skeleton_len):], device)
+    if not isinstance(message, StepMessage):
+        raise TypeError(f"a step message was expected, got {type(message).__name__}")
+    return message
 
 
 def send_step(message: StepMessage, group: TensorParallelGroup) -> None:

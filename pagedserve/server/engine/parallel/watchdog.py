@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import weakref
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
@@ -33,7 +34,7 @@ class WorkerWatchdog:
     thread does not keep the engine alive."""
 
     def __init__(self, processes: dict[int, BaseProcess],
-                 on_exit: weakref.WeakMethod) -> None:
+                 on_exit: weakref.WeakMethod[Callable[[int, BaseProcess], None]]) -> None:
         self._processes = processes
         self._on_exit = on_exit
         self._stopped = threading.Event()
@@ -51,7 +52,9 @@ class WorkerWatchdog:
         while not self._stopped.is_set():
             ready = wait(list(by_sentinel), timeout=_POLL_S)
             if ready and not self._stopped.is_set():
-                rank, process = by_sentinel[ready[0]]
+                sentinel = ready[0]  # one of what it was given: the processes' sentinels
+                assert isinstance(sentinel, int)
+                rank, process = by_sentinel[sentinel]
                 process.join(timeout=_POLL_S)
                 callback = self._on_exit()
                 if callback is not None:

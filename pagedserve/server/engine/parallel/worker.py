@@ -13,6 +13,7 @@ import pickle
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ from pagedserve.server.engine.worker.gpu_memory import MemorySnapshot, gpu_kv_ca
 from pagedserve.server.engine.worker.kv_cache import KVCache, resolve_kv_cache_dtype
 from pagedserve.server.engine.worker.model_runner import ModelRunner
 from pagedserve.server.models.loader import load_model
+from pagedserve.server.models.parallel_group import TensorParallelGroup
 from pagedserve.server.models.parallel_layers import shard_config
 
 logger = logging.getLogger(__name__)
@@ -86,7 +88,7 @@ def run_launched_worker() -> int:
     return _serve_reporting(lambda: env_rendezvous(WORKER_WAIT))
 
 
-def _serve_reporting(connect) -> int:
+def _serve_reporting(connect: Callable[[], Rendezvous]) -> int:
     rdzv: Rendezvous | None = None
     try:
         rdzv = connect()
@@ -121,7 +123,8 @@ def serve_worker(rdzv: Rendezvous) -> None:
         destroy_group()
 
 
-def _build_runner(init: WorkerInit, rdzv: Rendezvous, group, device: torch.device
+def _build_runner(init: WorkerInit, rdzv: Rendezvous, group: TensorParallelGroup,
+                  device: torch.device
                   ) -> ModelRunner:
     args = init.args
     torch.manual_seed(args.seed)
@@ -132,7 +135,7 @@ def _build_runner(init: WorkerInit, rdzv: Rendezvous, group, device: torch.devic
                                quantized_activations=args.quantized_activations)
     rank_config = shard_config(config, group.world_size)
     plan: KVPlan = pickle.loads(rdzv.get("kv_plan"))
-    if plan.profile:
+    if plan.profile and plan.scheduler_config is not None and baseline is not None:
         memory = gpu_kv_cache_memory(model, rank_config, plan.scheduler_config,
                                      plan.block_size, plan.gpu_memory_utilization, baseline)
         rdzv.set(f"kv_memory/{rdzv.rank}", str(memory))

@@ -14,14 +14,14 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.engine.config.engine_config import CacheConfig, GiB, SchedulerConfig
 from pagedserve.server.engine.core.scheduler import Scheduler
 from pagedserve.server.engine.core.scheduler_output import SchedulerOutput
 from pagedserve.server.engine.core.sequence import Sequence, SequenceGroup
 from pagedserve.server.engine.worker.kv_cache import KVCache
 from pagedserve.server.engine.worker.model_input import prepare_model_input
-from pagedserve.server.models.config import ModelConfig
-from pagedserve.server.sampling_params import SamplingParams
+from pagedserve.server.models.model_config import ModelConfig
 
 
 @dataclass(slots=True, frozen=True)

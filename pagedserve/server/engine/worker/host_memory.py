@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import functools
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +24,7 @@ HUGE_PAGE = 2 << 20
 
 
 @functools.cache
-def _madvise():
+def _madvise() -> Callable[[int, int, int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -46,4 +47,4 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     first = -(-start // HUGE_PAGE) * HUGE_PAGE
     if end - first < HUGE_PAGE:
         return False
-    return madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE) == 0
+    return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE) == 0)

@@ -27,7 +27,7 @@ import torch
 from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.engine.config.engine_config import KV_CACHE_DTYPES
 from pagedserve.server.engine.worker.host_memory import advise_huge_pages
-from pagedserve.server.models.config import DTYPES, ModelConfig
+from pagedserve.server.models.model_config import DTYPES, ModelConfig
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.config.engine_config import CacheConfig

@@ -1,0 +1,1 @@
+"""A budget that follows the server's load hints to its throughput peak."""

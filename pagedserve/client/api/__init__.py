@@ -1,0 +1,2 @@
+"""The OpenAI-shaped client: one session, its resources, typed answers and streams, errors and
+retries."""

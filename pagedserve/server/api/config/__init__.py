@@ -1,0 +1,1 @@
+"""The server's settings and the application state every room reads."""

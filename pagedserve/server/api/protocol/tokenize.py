@@ -1,0 +1,58 @@
+"""``POST /tokenize`` and ``POST /detokenize`` (vLLM's extensions): the request bodies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.server.api.protocol.chat import read_messages
+from pagedserve.server.api.protocol.chat_rendering import ChatRendering, read_chat_rendering
+from pagedserve.server.api.protocol.fields import Fields, type_error
+
+
+@dataclass(slots=True)
+class TokenizeRequest:
+    """Exactly one of ``prompt`` and ``messages``; ``model`` may be omitted.
+
+    ``add_special_tokens`` defaults as in vLLM: on for a prompt (the BOS framing completions
+    add), off for messages (the chat template writes its own)."""
+
+    model: str | None
+    prompt: str | None
+    messages: list[Any] | None
+    rendering: ChatRendering
+    add_special_tokens: bool
+
+
+@dataclass(slots=True)
+class DetokenizeRequest:
+    model: str | None
+    tokens: list[int]
+
+
+def parse_tokenize_request(body: Any) -> TokenizeRequest:
+    fields = Fields(body)
+    model = fields.string("model")
+    has_prompt, has_messages = fields.has("prompt"), fields.has("messages")
+    if has_prompt == has_messages:
+        raise InvalidRequestError("give exactly one of prompt and messages",
+                                  param="messages" if has_messages else "prompt")
+    prompt = fields.string("prompt")
+    messages = read_messages(fields.raw("messages")) if has_messages else None
+    rendering = read_chat_rendering(fields)
+    add_special_tokens = fields.boolean("add_special_tokens", not has_messages)
+    fields.finish()
+    return TokenizeRequest(model, prompt, messages, rendering, add_special_tokens)
+
+
+def parse_detokenize_request(body: Any) -> DetokenizeRequest:
+    fields = Fields(body)
+    model = fields.string("model")
+    tokens = fields.integers("tokens")
+    if tokens is None:
+        raise InvalidRequestError("tokens is required", param="tokens")
+    if any(t < 0 for t in tokens):
+        raise type_error("tokens", "a list of non-negative token ids", tokens)
+    fields.finish()
+    return DetokenizeRequest(model, tokens)

@@ -1,0 +1,2 @@
+"""What the server reports about itself: Prometheus metrics, traces, its log, load hints, the
+throughput curve."""

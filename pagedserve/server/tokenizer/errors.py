@@ -1,9 +1,0 @@
-"""The error a checkpoint's tokenizer files raise when they cannot be used."""
-
-from __future__ import annotations
-
-from pagedserve.server.errors import PagedServeError
-
-
-class TokenizerLoadError(PagedServeError):
-    """A checkpoint's tokenizer files are missing, malformed or of an unsupported kind."""
