@@ -25,13 +25,13 @@ from typing import Any
 from aiohttp import web
 
 from pagedserve.cli.startup_log import startup_lines
+from pagedserve.common.http.forwarded import FORWARDED_HEADERS, X_FORWARDED_FOR, parse_allow_ips
 from pagedserve.server.api.app import create_app, make_health_site, make_runner, make_site
 from pagedserve.server.api.config import (
     DEFAULT_MAX_REQUEST_BODY_BYTES,
     ServerConfig,
     ServerConfigError,
 )
-from pagedserve.server.api.forwarded import FORWARDED_HEADERS, X_FORWARDED_FOR, parse_allow_ips
 from pagedserve.server.api.limits import add_limit_arguments, limits_from_args
 from pagedserve.server.api.shutdown import (
     drain,

@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api.client_limits import ClientCounter
+from pagedserve.common.http.client_limits import ClientCounter
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.state import ADMISSION_KEY
 from tests.api.conftest import MODEL

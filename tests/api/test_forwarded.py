@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from pagedserve.common.http.forwarded import TrustedProxies, parse_allow_ips
 from pagedserve.server.api.config import ServerConfigError, ServerLimits
-from pagedserve.server.api.forwarded import TrustedProxies, parse_allow_ips
 from pagedserve.server.api.state import ADMISSION_KEY
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api import connections
+from pagedserve.common.http import connection_guard as connections
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.jsonio import OFF_LOOP_BODY_BYTES
 from tests.api.conftest import MAX_BODY_BYTES, MODEL

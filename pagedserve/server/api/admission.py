@@ -9,7 +9,7 @@ keys are set, gets 503 once the server is draining, and 429 when its source addr
 key already has ``max_requests_per_client`` in flight, or when it comes on a new connection
 and its key already holds ``max_connections_per_client``; the requests already admitted run on,
 and the in-flight count tells the shutdown when they are done. A request's source address is
-its peer's, or the client a trusted proxy names (``forwarded.py``).
+its peer's, or the client a trusted proxy names (``common/http/forwarded.py``).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 
 from aiohttp import web
 
-from pagedserve.server.api.client_limits import (
+from pagedserve.common.http.client_limits import (
     ClientCounter,
     KeyConnections,
     over_client_share,
 )
+from pagedserve.common.http.forwarded import TrustedProxies
 from pagedserve.server.api.config import ServerLimits
 from pagedserve.server.api.errors import (
     INVALID_REQUEST,
@@ -34,7 +35,6 @@ from pagedserve.server.api.errors import (
     invalid_request,
     shutting_down,
 )
-from pagedserve.server.api.forwarded import TrustedProxies
 from pagedserve.server.api.web.paths import is_page_path
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})

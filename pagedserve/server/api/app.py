@@ -10,18 +10,18 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from pagedserve.server.api import routes_info
-from pagedserve.server.api.admission import Admission
-from pagedserve.server.api.config import ServerConfig
-from pagedserve.server.api.connections import (
+from pagedserve.common.http.connection_guard import (
     ConnectionGuard,
     GuardedTCPSite,
     expect_continue,
 )
+from pagedserve.common.http.parse_errors import json_parse_errors
+from pagedserve.server.api import routes_info
+from pagedserve.server.api.admission import Admission
+from pagedserve.server.api.config import ServerConfig
 from pagedserve.server.api.errors import error_middleware, shutting_down
 from pagedserve.server.api.hints import add_load_hints, get_load, track_steps
 from pagedserve.server.api.metrics import ServerMetrics
-from pagedserve.server.api.parse_errors import json_parse_errors
 from pagedserve.server.api.server_log import ServerLog
 from pagedserve.server.api.serving_chat import create_chat_completion
 from pagedserve.server.api.serving_completions import create_completion

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from pagedserve.server.api.forwarded import X_FORWARDED_FOR, TrustedProxies
+from pagedserve.common.http.forwarded import X_FORWARDED_FOR, TrustedProxies
 from pagedserve.server.api.tool_parsers import TOOL_PARSERS
 from pagedserve.server.engine.config.engine_args import EngineArgs
 

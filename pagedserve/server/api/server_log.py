@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-from pagedserve.server.api.parse_errors import describe
+from pagedserve.common.http.parse_errors import describe
 
 
 class ServerLog:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
-from pagedserve.server.api.errors import RATE_LIMIT, APIError
+from pagedserve.common.errors import APIError
+from pagedserve.common.http.json_errors import RATE_LIMIT
 
 # A client over its share may retry as soon as one of its connections or requests ends.
 CLIENT_RETRY_AFTER_S = 1

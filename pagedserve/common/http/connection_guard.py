@@ -17,21 +17,21 @@ import logging
 import resource
 from collections.abc import Callable
 from http import HTTPStatus
+from typing import Protocol
 
 import orjson
 from aiohttp import web
 from aiohttp.http import HttpVersion11
 
-from pagedserve.server.api.client_limits import ClientCounter, over_client_share, peer_host
-from pagedserve.server.api.config import ServerLimits
-from pagedserve.server.api.errors import (
+from pagedserve.common.errors import APIError
+from pagedserve.common.http.client_limits import ClientCounter, over_client_share, peer_host
+from pagedserve.common.http.forwarded import TrustedProxies
+from pagedserve.common.http.json_errors import (
     INVALID_REQUEST,
     UNAVAILABLE,
-    APIError,
     body_too_large,
     error_response,
 )
-from pagedserve.server.api.forwarded import TrustedProxies
 
 _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.
@@ -45,6 +45,18 @@ _SPARE_DESCRIPTORS = 128
 logger = logging.getLogger(__name__)
 
 
+class ConnectionLimits(Protocol):
+    """What the guard reads of a front's settings (the server's ``ServerLimits``, the
+    router's ``RouterConfig``)."""
+
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def max_connections_per_client(self) -> int: ...
+    @property
+    def timeout_header_read(self) -> float: ...
+
+
 class ConnectionGuard:
     """A protocol factory for ``loop.create_server`` around aiohttp's.
 
@@ -56,7 +68,7 @@ class ConnectionGuard:
     ``probe_only`` maps the transports of probe connections to the error they get for any
     other path, for the admission gate."""
 
-    def __init__(self, factory: Callable[[], asyncio.Protocol], limits: ServerLimits,
+    def __init__(self, factory: Callable[[], asyncio.Protocol], limits: ConnectionLimits,
                  probe_only: dict[asyncio.BaseTransport, Callable[[], APIError]],
                  max_connections: int | None = None,
                  probe_connections: int = PROBE_CONNECTIONS,
