@@ -22,6 +22,7 @@ from typing import Protocol
 import orjson
 from aiohttp import web
 from aiohttp.http import HttpVersion11
+from aiohttp.web_protocol import RequestHandler
 
 from pagedserve.common.errors import APIError
 from pagedserve.common.http.client_limits import ClientCounter, over_client_share, peer_host
@@ -176,7 +177,12 @@ class _Gate(asyncio.Protocol):
 
 class _Guarded(asyncio.Protocol):
     """Passes everything to aiohttp's protocol; closes a connection whose first request head
-    has not arrived within ``timeout_header_read``."""
+    has not arrived within ``timeout_header_read``.
+
+    aiohttp arms its keep-alive timer as a connection opens and closes it at that timeout if
+    no whole request has come by then; that timer is stopped here, so that the first head
+    gets ``timeout_header_read`` as configured, not the smaller of the two. aiohttp re-arms
+    it after each response, where it bounds the wait for the next request."""
 
     def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard, client: str | None,
                  probe: bool) -> None:
@@ -193,6 +199,8 @@ class _Guarded(asyncio.Protocol):
         timeout = self._guard.limits.timeout_header_read
         self._deadline = asyncio.get_running_loop().call_later(timeout, transport.close)
         self._inner.connection_made(transport)
+        if isinstance(self._inner, RequestHandler):
+            self._inner.keep_alive(True)  # stops the timer only: keep-alive stays on
 
     def data_received(self, data: bytes) -> None:
         if self._deadline is not None:
