@@ -98,6 +98,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "7239's Forwarded (for=); the other one is ignored")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
+    g.add_argument("--stream-keepalive-interval", type=float, default=10.0,
+                   help="seconds a stream may stay silent (a long queue wait or prefill) "
+                        "before it gets an SSE comment, ': keep-alive', so that proxies "
+                        "and the router see it alive")
+    g.add_argument("--engine-stall-timeout", type=float, default=60.0,
+                   help="seconds the engine may go without finishing a step while it holds "
+                        "requests; past it /health answers 503 engine_stalled and streams "
+                        "get no more keep-alive comments")
     g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="export OpenTelemetry traces of requests to this OTLP/HTTP endpoint "
                         "(e.g. http://collector:4318/v1/traces); None: no tracing")
@@ -134,6 +142,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         forwarded_header=args.forwarded_header,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         web_ui=not args.disable_web_ui,
+        stream_keepalive_interval=args.stream_keepalive_interval,
+        engine_stall_timeout=args.engine_stall_timeout,
     )
 
 

@@ -67,6 +67,12 @@ def engine_unavailable(detail: str) -> APIError:
                     code="engine_dead")
 
 
+def engine_stalled(seconds: float, limit: float) -> APIError:
+    return APIError(f"The engine has not finished a step in {seconds:.0f} s while it holds "
+                    f"requests (--engine-stall-timeout {limit:g} s).", status=503,
+                    type=UNAVAILABLE, code="engine_stalled")
+
+
 def from_exception(exc: BaseException, request: web.Request) -> APIError:
     """The APIError a client sees for ``exc``; anything unexpected becomes a 500."""
     if isinstance(exc, APIError):

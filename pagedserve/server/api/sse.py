@@ -4,6 +4,12 @@
 Once the 200 and its headers are out, an error can no longer change the status, so it goes
 to the client as one more event, ``data: {"error": {...}}``, followed by ``[DONE]`` so that
 readers end cleanly instead of seeing a dropped connection.
+
+A stream silent for ``--stream-keepalive-interval`` (a request waiting in the queue, a long
+prefill) gets an SSE comment, ``: keep-alive``, which readers skip: proxies in between, the
+router among them, then time out only a stream whose server has gone quiet. The comments stop
+while the engine is stalled (``--engine-stall-timeout``), so that a hung step does not look
+alive from outside.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import orjson
 from aiohttp import web
 
 from pagedserve.server.api.errors import from_exception
+from pagedserve.server.api.state import CONFIG_KEY, ENGINE_KEY
 
 DONE_EVENT = b"data: [DONE]\n\n"
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
 
 def encode_event(payload: Any) -> bytes:
@@ -61,15 +69,55 @@ async def _stream(request: web.Request, chunks: AsyncIterator[list[dict[str, Any
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
+    keepalive = _KeepAlive(request, response)
     try:
         async for batch in chunks:
             if batch:
                 await response.write(b"".join(encode(chunk) for chunk in batch))
+                keepalive.last_write = keepalive.loop.time()
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client is gone; the caller's cleanup aborts the engine requests
     except Exception as exc:
         await response.write(encode(error(exc, request)))
+    finally:
+        keepalive.stop()
     if done:
         await response.write(done)
     await response.write_eof()
     return response
+
+
+class _KeepAlive:
+    """Writes ``KEEPALIVE_COMMENT`` when the stream has been silent for the interval and the
+    engine is not stalled. One timer per stream, re-armed only when it fires: the stream's
+    own writes just note the time."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        config = request.app[CONFIG_KEY]
+        self.loop = asyncio.get_running_loop()
+        self.last_write = self.loop.time()
+        self._response = response
+        self._engine = request.app[ENGINE_KEY]
+        self._interval = config.stream_keepalive_interval
+        self._stall_timeout = config.engine_stall_timeout
+        self._writes: set[asyncio.Future[None]] = set()
+        self._timer = self.loop.call_later(self._interval, self._tick)
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        due = self.last_write + self._interval
+        if now >= due:
+            if self._engine.stalled_for() <= self._stall_timeout:
+                write = asyncio.ensure_future(self._response.write(KEEPALIVE_COMMENT))
+                self._writes.add(write)
+                write.add_done_callback(self._written)
+            self.last_write, due = now, now + self._interval
+        self._timer = self.loop.call_at(due, self._tick)
+
+    def _written(self, write: asyncio.Future[None]) -> None:
+        self._writes.discard(write)
+        if not write.cancelled():
+            write.exception()  # a client gone meanwhile: the stream's own write finds out
+
+    def stop(self) -> None:
+        self._timer.cancel()
