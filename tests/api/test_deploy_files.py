@@ -194,6 +194,7 @@ def router_sample_names() -> set[str]:
     metrics.routed.labels("http://a:8000").inc()
     metrics.retries.labels("http://a:8000").inc()
     metrics.failures.labels("502").inc()
+    metrics.broken_streams.labels("http://a:8000").inc()
     text = metrics.render().decode()
     return {sample.name for family in text_string_to_metric_families(text)
             for sample in family.samples if not sample.name.endswith("_created")}
