@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"require 'Authorization: Bearer KEY' on every route but /health, "
                         f"/metrics and the web page's files; several keys: each is a tenant "
                         f"of its own for the per-client limits and the scheduler's fairness; "
-                        f"None: ${API_KEY_ENV} if set, else no key")
+                        f"None: ${API_KEY_ENV} if set (several keys separated by commas), "
+                        f"else no key")
     g.add_argument("--max-request-body-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="larger request bodies are refused with 413")
@@ -148,8 +149,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 
 def _api_key(keys: list[str] | None) -> str | list[str] | None:
+    if keys is None:  # the environment's: one key, or several separated by commas
+        keys = [key.strip() for key in os.environ.get(API_KEY_ENV, "").split(",")
+                if key.strip()] or None
     if keys is None:
-        return os.environ.get(API_KEY_ENV)
+        return None
     return keys[0] if len(keys) == 1 else keys
 
 

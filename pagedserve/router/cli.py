@@ -67,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "200; one that cannot be connected to is out at once")
     parser.add_argument("--replica-api-key", default=None, metavar="KEY",
                         help="the bearer token the replicas require, for the router's own "
-                        f"GET /load (requests carry their clients' own); None: ${API_KEY_ENV} "
-                        "if set")
+                        f"GET /load (requests carry their clients' own); None: the first of "
+                        f"${API_KEY_ENV}'s comma-separated keys, if set")
     g = parser.add_argument_group("the router's own front (as the server's)")
     g.add_argument("--health-port", type=int, default=None,
                    help="a second port that serves only /health and /metrics, outside the "
@@ -115,7 +115,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         upstream_timeout=args.upstream_timeout,
         stream_idle_timeout=args.stream_idle_timeout,
         failures_to_eject=args.failures_to_eject,
-        replica_api_key=args.replica_api_key or os.environ.get(API_KEY_ENV) or None,
+        replica_api_key=args.replica_api_key or _first_key(os.environ.get(API_KEY_ENV, "")),
         health_port=args.health_port, max_connections=args.max_connections,
         max_connections_per_client=args.max_connections_per_client,
         max_requests_per_client=args.max_requests_per_client,
@@ -124,6 +124,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         timeout_body_read=args.timeout_body_read,
         timeout_keep_alive=args.timeout_keep_alive,
         otlp_traces_endpoint=args.otlp_traces_endpoint, web_ui=not args.disable_web_ui)
+
+
+def _first_key(keys: str) -> str | None:
+    return next((key.strip() for key in keys.split(",") if key.strip()), None)
 
 
 def run(args: argparse.Namespace) -> int:

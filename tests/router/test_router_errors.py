@@ -124,7 +124,7 @@ def test_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = parse(["--replica", "http://a"])
     assert (defaults.stream_idle_timeout, defaults.failures_to_eject, defaults.replica_api_key,
             defaults.forwarded_allow_ips) == (30.0, 2, None, [])
-    monkeypatch.setenv("PAGEDSERVE_API_KEY", "from-env")  # compose's and the replicas' key
+    monkeypatch.setenv("PAGEDSERVE_API_KEY", "from-env,other")  # compose's and the replicas'
     assert parse(["--replica", "http://a"]).replica_api_key == "from-env"
     with pytest.raises(ValueError, match="not an IP address"):
         parse(["--replica", "http://a", "--forwarded-allow-ips", "router"])
