@@ -35,6 +35,9 @@ class EventFraming:
     def whole(self, chunk: bytes) -> bytes:
         """The whole events ``chunk`` completes (with what came before it); holds its tail.
         A chunk that ends where an event does (the usual case) is returned as is."""
+        if not self._partial and chunk.endswith(b"\n\n") and not chunk.startswith(b":"):
+            self._last = chunk  # the usual case, first and at the least cost
+            return chunk
         data = self._partial + chunk if self._partial else chunk
         lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
         end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
