@@ -102,8 +102,15 @@ async def _pass(request: web.Request) -> web.StreamResponse:
 
 async def _traced(request: web.Request, state: RouterState, body: bytes | None, route: Route,
                   streamed: bool = False) -> web.StreamResponse:
-    with state.tracing.span(request, route):
-        return await forward(request, body, route, streamed)
+    if state.in_flight >= state.config.max_in_flight:
+        state.metrics.failures.labels("503").inc()
+        return errors.overloaded(state.config.max_in_flight)
+    state.in_flight += 1
+    try:
+        with state.tracing.span(request, route):
+            return await forward(request, body, route, streamed)
+    finally:
+        state.in_flight -= 1
 
 
 async def _health(request: web.Request) -> web.Response:

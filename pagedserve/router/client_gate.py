@@ -1,7 +1,8 @@
 """Who gets through the router, as through a replica's own front: the connection guard it
 shares with the server (``common/http``: a cap on connections in all and per address, a
 deadline for the first request head, 413 before ``100 Continue``), then per request the
-probe-only rule, the in-flight cap, each client's share of it and a deadline for the body.
+probe-only rule, each client's share of the requests in flight and a deadline for the body
+(the cap on all proxied requests is the handlers', ``app.py``).
 
 A client is its connection's address, or behind a proxy named in ``--forwarded-allow-ips``
 the client that proxy names in ``X-Forwarded-For``, as on the server; the router passes that
@@ -26,7 +27,6 @@ from pagedserve.common.http.json_errors import (
     from_http_exception,
 )
 from pagedserve.common.http.parse_errors import json_parse_errors
-from pagedserve.router import errors
 from pagedserve.router.state import RouterState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,17 +53,8 @@ class ClientGate:
             return await _serve_probe(request, handler, refusal)
         if request.path in OPEN_PATHS:
             return await handler(request)
-        state = self.state
-        if state.in_flight >= state.config.max_in_flight:
-            state.metrics.failures.labels("503").inc()
-            return errors.overloaded(state.config.max_in_flight)
-        client = state.proxies.client_address(request)
-        with self._client_share(client):
-            state.in_flight += 1
-            try:
-                return await handler(request)
-            finally:
-                state.in_flight -= 1
+        with self._client_share(self.state.proxies.client_address(request)):
+            return await handler(request)
 
     @contextlib.contextmanager
     def _client_share(self, client: str) -> Iterator[None]:
