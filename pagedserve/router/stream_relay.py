@@ -17,6 +17,7 @@ import contextlib
 import aiohttp
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
 from pagedserve.common.errors import APIError
 from pagedserve.common.http.json_errors import UNAVAILABLE
@@ -43,7 +44,7 @@ class _ClientLeft(Exception):
 
 async def relay(request: web.Request, state: RouterState, replica: Replica,
                 upstream: aiohttp.ClientResponse, first: bytes,
-                headers: dict[str, str] | None = None) -> web.StreamResponse:
+                headers: CIMultiDict[str] | None = None) -> web.StreamResponse:
     response = ProxiedStream(status=upstream.status, headers=headers)
     await response.prepare(request)
     task = asyncio.current_task()

@@ -264,7 +264,8 @@ class _Refusal(asyncio.Protocol):
         error = self._error
         body = orjson.dumps(error.error_object())
         headers = "".join(f"{name}: {value}\r\n" for name, value in error.headers.items())
-        head = (f"HTTP/1.1 {error.status} {HTTPStatus(error.status).phrase}\r\n"
+        status = error.status or HTTPStatus.INTERNAL_SERVER_ERROR  # the server sets one
+        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 f"{headers}Connection: close\r\n\r\n")
         self._transport.write(head.encode() + body)
@@ -290,7 +291,7 @@ class GuardedTCPSite(web.BaseSite):
     @property
     def urls(self) -> list[str]:
         """Where the site listens, once started (the real port when 0 was asked for)."""
-        sockets = self._server.sockets if self._server is not None else ()
+        sockets = self._server.sockets if isinstance(self._server, asyncio.Server) else ()
         return [f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}" for sock in sockets]
 
     async def start(self) -> None:
