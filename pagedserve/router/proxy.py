@@ -150,15 +150,17 @@ async def _open(request: web.Request, state: RouterState, replica: Replica,
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         if upstream is not None:
             upstream.close()
-        raise _failed(state, replica, repr(exc)) from exc
+        raise _failed(state, replica, repr(exc),
+                      silent=isinstance(exc, asyncio.TimeoutError)) from exc
     except BaseException:
         if upstream is not None:
             upstream.close()
         raise
 
 
-def _failed(state: RouterState, replica: Replica, reason: str) -> _TryElsewhere:
-    state.replicas.failed(replica, reason)
+def _failed(state: RouterState, replica: Replica, reason: str,
+            silent: bool = False) -> _TryElsewhere:
+    state.replicas.failed(replica, reason, silent)
     return _TryElsewhere(f"{replica.url}: {reason}")
 
 
@@ -190,7 +192,7 @@ async def _refusal(state: RouterState, replica: Replica,
         return _failed(state, replica, f"answered {status}, then {exc!r}")
     code = error_code(data)
     if code == DRAINING:
-        state.replicas.eject(replica, "draining", draining=True)
+        state.replicas.eject(replica, "draining", silent=False)
     elif status >= 500 and code not in _FULL_CODES:
         state.replicas.failed(replica, f"answered {status}")
     answer = web.Response(status=status, body=data,

@@ -3,10 +3,13 @@
 A replica is ejected when a request cannot connect to it, when its health check fails, when
 it says it is draining, or after ``failures_to_eject`` failures in a row (a 5xx, a reset, a
 timeout, a stream that stalled or ended cut short); it comes back when ``/health`` answers 200
-again, and a success clears its count. Ejection moves the requests still waiting for its first
-byte to another replica and ends its open streams with an error event at once, but for a
-draining replica, whose requests run to their end. Its load is the router's own in-flight
-count plus the load hints the replica sends on every response and on ``GET /load``.
+again, and a success clears its count. An ejection for silence (a health check that failed,
+a replica that cannot be connected to, a timeout or a stalled stream as the last failure)
+moves the requests still waiting for its first byte to another replica and ends its open
+streams with an error event at once: they hang with it. Otherwise (a draining replica, 5xx
+answers, resets) its requests run on to their end, each under its own timeouts. Its load
+is the router's own in-flight count plus the load hints the replica sends on every response
+and on ``GET /load``.
 """
 
 from __future__ import annotations
@@ -84,14 +87,14 @@ class ReplicaSet:
     def healthy(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.healthy]
 
-    def eject(self, replica: Replica, reason: str, draining: bool = False) -> None:
-        """Out of rotation until ``/health`` answers 200; its waiting requests move on and
-        its streams end, unless it is ``draining`` (its requests then run to their end)."""
+    def eject(self, replica: Replica, reason: str, silent: bool = True) -> None:
+        """Out of rotation until ``/health`` answers 200; when it fell ``silent`` its waiting
+        requests move on and its streams end."""
         if replica.healthy:
             logger.warning("router: ejecting %s: %s", replica.url, reason)
             replica.ejections += 1
         replica.healthy = False
-        if draining:
+        if not silent:
             return
         ejecting = asyncio.current_task()  # a request that failed here moves on by itself
         for task in (replica.waiting | replica.streaming) - {ejecting}:
@@ -100,11 +103,13 @@ class ReplicaSet:
         replica.waiting.clear()
         replica.streaming.clear()
 
-    def failed(self, replica: Replica, reason: str) -> None:
-        """One more failure in a row; the ``failures_to_eject``-th ejects the replica."""
+    def failed(self, replica: Replica, reason: str, silent: bool = False) -> None:
+        """One more failure in a row (``silent``: a timeout); the ``failures_to_eject``-th
+        ejects the replica."""
         replica.failures += 1
         if replica.failures >= self.config.failures_to_eject:
-            self.eject(replica, f"{replica.failures} failures in a row, the last: {reason}")
+            self.eject(replica, f"{replica.failures} failures in a row, the last: {reason}",
+                       silent)
         else:
             logger.warning("router: %s failed (%d in a row): %s", replica.url,
                            replica.failures, reason)
@@ -148,7 +153,7 @@ class ReplicaSet:
         if ok:
             self.admit(replica)
         else:
-            self.eject(replica, reason, draining=draining)
+            self.eject(replica, reason, silent=not draining)
 
     async def check_all(self, session: aiohttp.ClientSession) -> None:
         await asyncio.gather(*(self.check(session, r) for r in list(self.replicas.values())))

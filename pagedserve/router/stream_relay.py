@@ -50,13 +50,14 @@ async def relay(request: web.Request, state: RouterState, replica: Replica,
     task = asyncio.current_task()
     assert task is not None
     replica.streaming.add(task)
-    counted = False
+    counted = False  # an ejection that ends the stream has counted already
     try:
-        failure = await _pump(response, upstream, first, state.config.stream_idle_timeout)
+        failure, silent = await _pump(response, upstream, first,
+                                      state.config.stream_idle_timeout)
     except asyncio.CancelledError:
         if not replica.was_cut_off(task):
             raise  # the client left: closing the upstream connection aborts the generation
-        failure, counted = "it was ejected", True
+        failure, silent, counted = "it was ejected", True, True
     except _ClientLeft:
         upstream.close()
         return response
@@ -66,31 +67,31 @@ async def relay(request: web.Request, state: RouterState, replica: Replica,
         state.replicas.succeeded(replica)
         return response
     if not counted:
-        state.replicas.failed(replica, f"stream failed: {failure}")
+        state.replicas.failed(replica, f"stream failed: {failure}", silent)
     state.metrics.broken_streams.labels(replica.url).inc()
     await _end_with_error(response, request.path, replica, failure)
     return response
 
 
 async def _pump(response: web.StreamResponse, upstream: aiohttp.ClientResponse, chunk: bytes,
-                idle_timeout: float) -> str | None:
+                idle_timeout: float) -> tuple[str | None, bool]:
     """Passes events on until the stream ends: None when it said it was complete, else what
-    went wrong."""
+    went wrong; and whether the replica fell silent."""
     framing = EventFraming()
     content = upstream.content
     while True:
         try:
             events = framing.whole(chunk)
         except NotEventStream as exc:
-            return str(exc)
+            return str(exc), False
         try:
             if content.at_eof():
                 if framing.complete():  # its last events and the end in one write
                     await response.write_eof(events)
-                    return None
+                    return None, False
                 if events:
                     await response.write(events)
-                return "it ended without [DONE] or a finish reason"
+                return "it ended without [DONE] or a finish reason", False
             if events:
                 await response.write(events)
         except ConnectionResetError:
@@ -98,9 +99,9 @@ async def _pump(response: web.StreamResponse, upstream: aiohttp.ClientResponse, 
         try:
             chunk = await content.readany()
         except aiohttp.ServerTimeoutError:
-            return f"no event for {idle_timeout:g} s"
+            return f"no event for {idle_timeout:g} s", True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            return f"it broke: {exc!r}"
+            return f"it broke: {exc!r}", isinstance(exc, asyncio.TimeoutError)
 
 
 async def _end_with_error(response: web.StreamResponse, path: str, replica: Replica,

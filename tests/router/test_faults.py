@@ -183,6 +183,24 @@ async def test_500_is_retried_and_counts_toward_ejection(replicas, good, make_ro
     assert len(a.requests) == 2
 
 
+async def test_an_ejection_for_errors_leaves_the_replicas_streams_running(
+        replicas, good, make_router, http) -> None:
+    a = replicas[0]
+    router = await make_router([a.url, good.url], stream_idle_timeout=LONG_S)
+    prompt = prompts_homed_on(router, a.url)[0]
+    running = asyncio.create_task(stream(http, router, prompt=prompt))
+    while not a.requests:  # a's stream is open, its second chunk held back
+        await asyncio.sleep(0.01)
+    a.status, a.error_code = 500, "request_failed"
+    for _ in range(2):
+        assert (await stream(http, router, prompt=prompt))[:2] == (good.url, GOOD_STREAM)
+    assert not router.state.replicas.replicas[a.url].healthy
+    a.release_stream.set()  # answering, though with errors: its stream ends as it would
+    replica, events, _ = await running
+    assert (replica, events) == (a.url, [{"replica": "a", "chunk": 1},
+                                         {"replica": "a", "chunk": 2}, "[DONE]"])
+
+
 async def test_a_full_replica_is_retried_without_counting(replicas, good, make_router,
                                                           http) -> None:
     a = replicas[0]
