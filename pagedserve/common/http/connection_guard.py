@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import Protocol
 
@@ -291,7 +292,8 @@ class GuardedTCPSite(web.BaseSite):
     @property
     def urls(self) -> list[str]:
         """Where the site listens, once started (the real port when 0 was asked for)."""
-        sockets = self._server.sockets if isinstance(self._server, asyncio.Server) else ()
+        # uvloop's server is no asyncio.Server, but has the same ``sockets``.
+        sockets: Sequence[socket.socket] = getattr(self._server, "sockets", None) or ()
         return [f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}" for sock in sockets]
 
     async def start(self) -> None:
