@@ -15,8 +15,17 @@ one's first token. Three phases, in one run:
 ``/health`` is probed on the main port every ``--probe-interval`` seconds through the loaded
 phases. It prints each phase's p50/p99 TTFT and the ratios to solo; the last line is JSON.
 
+``--via router`` sends everything (requests, idle connections, probes) through ``pagedserve
+router`` in front of the server, which trusts the router's address (``--forwarded-allow-ips
+127.0.0.1``); ``--via direct router`` runs both against the one server, one after the other,
+and adds the router's p99 TTFT over the direct one for each phase. ``--tenants addresses``
+runs the server without keys, so that the tenants are the clients' addresses (behind the
+router: the addresses it names in X-Forwarded-For); ``one_tenant`` then sends the huge
+requests from the small tenant's address.
+
     python -m benchmarks.fairness [--quick] [--small-requests 40] [--idle-connections 300]
         [--phases fair one_tenant] [--server-flags '--max-shared-prefill-tokens 64']
+        [--via direct router] [--tenants keys|addresses]
 
 ``--quick`` sets only what is not given: ``--quick --small-requests 40`` sends 40.
 """
@@ -44,6 +53,10 @@ SERVER_FLAGS = ["--max-model-len", "512", "--num-kv-blocks", "512", "--max-num-s
                 "--max-num-batched-tokens", "512", "--dtype", "float32", "--disable-access-log",
                 "--max-connections", "600", "--max-connections-per-client", "256",
                 "--timeout-header-read", "5"]
+# The router's front set as the server's, so that the idle connections meet the same limits.
+ROUTER_FLAGS = ["--policy", "least-load", "--max-connections", "600",
+                "--max-connections-per-client", "256", "--timeout-header-read", "5"]
+ROUTING_ON = "pagedserve: routing on "
 _START_TIMEOUT_S = 300.0
 _WORDS = ("paged", "attention", "block", "table", "cache", "prefix", "swap", "token", "batch",
           "decode")
@@ -59,13 +72,17 @@ def session(address: str) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
-async def time_to_first_token(client: aiohttp.ClientSession, url: str, key: str,
+def auth(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+async def time_to_first_token(client: aiohttp.ClientSession, url: str, key: str | None,
                               index: int) -> float:
     body = {"model": "tiny", "prompt": prompt(24, index), "max_tokens": 4, "stream": True,
             "ignore_eos": True}
     start = time.perf_counter()
     async with client.post(url + "/v1/completions", json=body,
-                           headers={"Authorization": f"Bearer {key}"}) as response:
+                           headers=auth(key)) as response:
         if response.status != 200:
             raise RuntimeError(f"small request: HTTP {response.status}: {await response.text()}")
         async for event in iter_sse(response.content):
@@ -77,13 +94,13 @@ async def time_to_first_token(client: aiohttp.ClientSession, url: str, key: str,
     raise RuntimeError("a stream without tokens")
 
 
-async def small_tenant(url: str, key: str, count: int) -> list[float]:
+async def small_tenant(url: str, key: str | None, count: int) -> list[float]:
     async with session(SMALL_ADDRESS) as client:
         return [await time_to_first_token(client, url, key, i) for i in range(count)]
 
 
-async def huge_tenant(url: str, key: str, prompts: int, words: int, in_flight: int,
-                      done: list[int]) -> None:
+async def huge_tenant(url: str, key: str | None, address: str, prompts: int, words: int,
+                      in_flight: int, done: list[int]) -> None:
     """Keeps ``in_flight`` huge requests going until cancelled; counts those that finished
     in ``done[0]`` (a count the caller reads after cancelling it)."""
     body = {"model": "tiny", "prompt": [prompt(words, i) for i in range(prompts)],
@@ -92,14 +109,14 @@ async def huge_tenant(url: str, key: str, prompts: int, words: int, in_flight: i
     async def loop(client: aiohttp.ClientSession) -> None:
         while True:
             async with client.post(url + "/v1/completions", json=body,
-                                   headers={"Authorization": f"Bearer {key}"}) as response:
+                                   headers=auth(key)) as response:
                 await response.read()
                 if response.status == 200:
                     done[0] += 1
                 else:
                     await asyncio.sleep(0.1)
 
-    async with session(HUGE_ADDRESS) as client:
+    async with session(address) as client:
         tasks = [asyncio.ensure_future(loop(client)) for _ in range(in_flight)]
         try:
             await asyncio.gather(*tasks)
@@ -146,11 +163,13 @@ async def probe_health(url: str, interval: float, statuses: list[int]) -> None:
         await asyncio.sleep(interval)
 
 
-async def loaded_phase(url: str, port: int, huge_key: str, args: argparse.Namespace,
-                       statuses: list[int]) -> tuple[list[float], int, float]:
+async def loaded_phase(url: str, port: int, huge: tuple[str | None, str],
+                       args: argparse.Namespace, statuses: list[int]
+                       ) -> tuple[list[float], int, float]:
+    """``huge``: the huge tenant's key and source address."""
     huge_done = [0]
     background = [
-        asyncio.ensure_future(huge_tenant(url, huge_key, args.huge_prompts, args.huge_words,
+        asyncio.ensure_future(huge_tenant(url, *huge, args.huge_prompts, args.huge_words,
                                           args.huge_in_flight, huge_done)),
         asyncio.ensure_future(idle_connections(port, args.idle_connections)),
         asyncio.ensure_future(probe_health(url, args.probe_interval, statuses)),
@@ -158,7 +177,7 @@ async def loaded_phase(url: str, port: int, huge_key: str, args: argparse.Namesp
     await asyncio.sleep(args.warmup)  # let the huge requests fill the engine first
     start = time.perf_counter()
     try:
-        ttfts = await small_tenant(url, KEYS["small"], args.small_requests)
+        ttfts = await small_tenant(url, small_key(args), args.small_requests)
     finally:
         for task in background:
             task.cancel()
@@ -175,21 +194,42 @@ def summary(ttfts: list[float]) -> dict[str, float]:
             "slowest_at": sorted(ttfts.index(ttft) for ttft in ordered[-3:])}
 
 
-def start_server(extra_flags: list[str]) -> tuple[subprocess.Popen[str], str]:
-    return harness.launch_pagedserve(["--model", "tiny", "--api-key", *KEYS.values(),
-                                      *SERVER_FLAGS, *extra_flags], _START_TIMEOUT_S)
+def small_key(args: argparse.Namespace) -> str | None:
+    return KEYS["small"] if args.tenants == "keys" else None
+
+
+def huge_identities(args: argparse.Namespace) -> dict[str, tuple[str | None, str]]:
+    """Each loaded phase's huge tenant: its key and address (one_tenant: the small one's)."""
+    if args.tenants == "keys":
+        return {"fair": (KEYS["huge"], HUGE_ADDRESS), "one_tenant": (KEYS["small"], HUGE_ADDRESS)}
+    return {"fair": (None, HUGE_ADDRESS), "one_tenant": (None, SMALL_ADDRESS)}
+
+
+def start_server(extra_flags: list[str], args: argparse.Namespace
+                 ) -> tuple[subprocess.Popen[str], str]:
+    keys = ["--api-key", *KEYS.values()] if args.tenants == "keys" else []
+    trust = ["--forwarded-allow-ips", "127.0.0.1"] if "router" in args.via else []
+    return harness.launch_pagedserve(["--model", "tiny", *keys, *SERVER_FLAGS, *trust,
+                                      *extra_flags], _START_TIMEOUT_S)
+
+
+def start_router(replica: str) -> tuple[subprocess.Popen[str], str]:
+    process = harness.start([*harness.PAGEDSERVE, "router", "--replica", replica, "--host",
+                             "127.0.0.1", "--port", "0", *ROUTER_FLAGS],
+                            stderr=subprocess.DEVNULL)
+    return process, harness.read_address(process, 60.0, ROUTING_ON)
 
 
 async def run(url: str, args: argparse.Namespace) -> dict[str, Any]:
     port = int(url.rsplit(":", 1)[1])
-    await small_tenant(url, KEYS["small"], 3)  # warm-up
-    solo = await small_tenant(url, KEYS["small"], args.small_requests)
+    await small_tenant(url, small_key(args), 3)  # warm-up
+    solo = await small_tenant(url, small_key(args), args.small_requests)
     phases: dict[str, Any] = {"solo": summary(solo)}
-    for name, huge_key in (("fair", KEYS["huge"]), ("one_tenant", KEYS["small"])):
+    for name, huge in huge_identities(args).items():
         if name not in args.phases:
             continue
         statuses: list[int] = []
-        ttfts, huge_done, seconds = await loaded_phase(url, port, huge_key, args, statuses)
+        ttfts, huge_done, seconds = await loaded_phase(url, port, huge, args, statuses)
         loaded = summary(ttfts)
         phases[name] = {**loaded, "huge_requests_done": huge_done,
                         "small_phase_s": round(seconds, 2),
@@ -216,20 +256,42 @@ def main() -> int:
                         help="loaded phases to run after solo (one_tenant is the slow one)")
     parser.add_argument("--server-flags", default="",
                         help="more flags for the server, e.g. '--max-shared-prefill-tokens 64'")
+    parser.add_argument("--via", nargs="+", choices=("direct", "router"), default=["direct"],
+                        help="straight to the server, through pagedserve router, or both in "
+                             "turn")
+    parser.add_argument("--tenants", choices=("keys", "addresses"), default="keys",
+                        help="tenants by API key (two keys), or by source address (no keys)")
     args = parser.parse_args()
     defaults = (10, 16, 100) if args.quick else (40, 64, 300)
     for name, default in zip(("small_requests", "huge_prompts", "idle_connections"), defaults,
                              strict=True):
         if getattr(args, name) is None:
             setattr(args, name, default)
-    process, url = start_server(shlex.split(args.server_flags))
+    process, url = start_server(shlex.split(args.server_flags), args)
+    report: dict[str, Any] = {}
     try:
-        phases = asyncio.run(run(url, args))
+        for via in args.via:
+            if via == "direct":
+                report[via] = asyncio.run(run(url, args))
+                continue
+            router, router_url = start_router(url)
+            try:
+                report[via] = asyncio.run(run(router_url, args))
+            finally:
+                harness.stop(router)
     finally:
         harness.stop(process)
-    for name, numbers in phases.items():
-        print(f"{name:>10}: " + ", ".join(f"{k} {v}" for k, v in numbers.items()))
-    print(json.dumps(phases))
+    if len(report) == 2:
+        report["router_vs_direct_p99"] = {
+            name: round(report["router"][name]["p99_ms"] / report["direct"][name]["p99_ms"], 2)
+            for name in report["direct"]}
+    for via, phases in report.items():
+        print(f"{via}:")
+        for name, numbers in phases.items():
+            text = ", ".join(f"{k} {v}" for k, v in numbers.items()) if isinstance(
+                numbers, dict) else numbers
+            print(f"{name:>12}: {text}")
+    print(json.dumps(report if len(args.via) > 1 else report[args.via[0]]))
     return 0
 
 

@@ -329,7 +329,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
                                     "pagedserve.common.engine_errors",
                                     "pagedserve.common.load_hints",
                                     "pagedserve.common.encoding",
-                                    "pagedserve.common.running_buckets"])
+                                    "pagedserve.common.running_buckets",
+                                    "pagedserve.common.http.connection_guard"])
 def test_a_leaf_imports_without_torch_or_the_engine(module: str) -> None:
     code = (f"import sys, {module}; print(sorted(m for m in sys.modules if m == 'torch' or "
             f"m.startswith(('pagedserve.server.engine', 'pagedserve.server.api', "

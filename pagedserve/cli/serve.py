@@ -26,10 +26,10 @@ from aiohttp import web
 
 from pagedserve.cli.startup_log import startup_lines
 from pagedserve.common.engine_errors import PagedServeError
+from pagedserve.common.http.forwarded import FORWARDED_HEADERS, X_FORWARDED_FOR, parse_allow_ips
 from pagedserve.server.api.app import create_app, make_health_site, make_runner, make_site
 from pagedserve.server.api.config.app_keys import ENGINE_KEY
 from pagedserve.server.api.config.server_config import DEFAULT_MAX_REQUEST_BODY_BYTES, ServerConfig
-from pagedserve.server.api.http.forwarded import FORWARDED_HEADERS, X_FORWARDED_FOR, parse_allow_ips
 from pagedserve.server.api.http.limits import (
     ServerConfigError,
     add_limit_arguments,
@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"require 'Authorization: Bearer KEY' on every route but /health, "
                         f"/metrics and the web page's files; several keys: each is a tenant "
                         f"of its own for the per-client limits and the scheduler's fairness; "
-                        f"None: ${API_KEY_ENV} if set, else no key")
+                        f"None: ${API_KEY_ENV} if set (several keys separated by commas), "
+                        f"else no key")
     g.add_argument("--max-request-body-bytes", type=int,
                    default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                    help="larger request bodies are refused with 413")
@@ -98,6 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "7239's Forwarded (for=); the other one is ignored")
     g.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM")
+    g.add_argument("--stream-keepalive-interval", type=float, default=10.0,
+                   help="seconds a stream may stay silent (a long queue wait or prefill) "
+                        "before it gets an SSE comment, ': keep-alive', so that proxies "
+                        "and the router see it alive")
+    g.add_argument("--engine-stall-timeout", type=float, default=60.0,
+                   help="seconds the engine may go without finishing a step while it holds "
+                        "requests; past it /health answers 503 engine_stalled and streams "
+                        "get no more keep-alive comments")
     g.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help="export OpenTelemetry traces of requests to this OTLP/HTTP endpoint "
                         "(e.g. http://collector:4318/v1/traces); None: no tracing")
@@ -134,12 +143,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         forwarded_header=args.forwarded_header,
         otlp_traces_endpoint=args.otlp_traces_endpoint,
         web_ui=not args.disable_web_ui,
+        stream_keepalive_interval=args.stream_keepalive_interval,
+        engine_stall_timeout=args.engine_stall_timeout,
     )
 
 
 def _api_key(keys: list[str] | None) -> str | list[str] | None:
+    if keys is None:  # the environment's: one key, or several separated by commas
+        keys = [key.strip() for key in os.environ.get(API_KEY_ENV, "").split(",")
+                if key.strip()] or None
     if keys is None:
-        return os.environ.get(API_KEY_ENV)
+        return None
     return keys[0] if len(keys) == 1 else keys
 
 

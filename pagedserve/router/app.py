@@ -1,11 +1,12 @@
-"""The router's application factory: routes, the replica session and the health loop."""
+"""The router's application factory: routes, the replica session, the health loop, and the
+guarded sites every launcher must listen on."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -13,8 +14,11 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from pagedserve.common.http.connection_guard import GuardedTCPSite, expect_continue
 from pagedserve.router import error_responses
+from pagedserve.router.client_gate import GATE_KEY, ClientGate, gate_middleware, read_body
 from pagedserve.router.page import add_router_page
+from pagedserve.router.policies import Route
 from pagedserve.router.prefix_key import routing_key
 from pagedserve.router.proxy import forward
 from pagedserve.router.replicas import resolve
@@ -29,19 +33,19 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/responses")
 OTHER_POST_PATHS = ("/tokenize", "/detokenize")
 _SHUTDOWN_TIMEOUT_S = 5.0
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
 
 def create_app(config: RouterConfig, tracing: Tracing | None = None) -> web.Application:
-    app = web.Application(middlewares=[_error_middleware],
+    app = web.Application(middlewares=[gate_middleware],
                           client_max_size=config.max_request_body_bytes)
-    app[STATE_KEY] = RouterState.build(config, tracing or Tracing())
+    state = RouterState.build(config, tracing or Tracing())
+    app[STATE_KEY] = state
+    app[GATE_KEY] = ClientGate(state)
     app.cleanup_ctx.append(_session_context)
     app.cleanup_ctx.append(_discovery_context)
     for path in GENERATION_PATHS:
-        app.router.add_post(path, _generate)
+        app.router.add_post(path, _generate, expect_handler=expect_continue)
     for path in OTHER_POST_PATHS:
-        app.router.add_post(path, _pass)
+        app.router.add_post(path, _pass, expect_handler=expect_continue)
     app.router.add_get("/v1/models", _pass)
     app.router.add_get("/v1/models/{model}", _pass)
     app.router.add_get("/health", _health)
@@ -55,12 +59,26 @@ def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     """The runner every launcher must use: ``handler_cancellation`` turns a client's
     disconnect into a cancelled handler, which closes the request to the replica."""
     kwargs.setdefault("shutdown_timeout", _SHUTDOWN_TIMEOUT_S)
+    kwargs.setdefault("keepalive_timeout", app[STATE_KEY].config.timeout_keep_alive)
     return web.AppRunner(app, handler_cancellation=True, **kwargs)
+
+
+def make_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
+    """The site every launcher must use: it caps connections (in all and per client) and
+    the time a new one gets for its request head."""
+    return GuardedTCPSite(runner, host, port, runner.app[GATE_KEY].guard(runner))
+
+
+def make_health_site(runner: web.AppRunner, host: str, port: int) -> GuardedTCPSite:
+    """A second site for /health and /metrics only (``--health-port``), with its own few
+    connections, so that probes never queue behind clients."""
+    return GuardedTCPSite(runner, host, port,
+                          runner.app[GATE_KEY].guard(runner, max_connections=0))
 
 
 async def _generate(request: web.Request) -> web.StreamResponse:
     state = RouterState.of(request)
-    body = await request.read()
+    body = await read_body(request)
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -73,24 +91,24 @@ async def _generate(request: web.Request) -> web.StreamResponse:
     route = state.policy.route(state.replicas, key)
     if route.affinity:
         state.metrics.affinity[route.affinity].inc()
-    return await _admitted(request, state, body, route)
+    return await _traced(request, state, body, route, parsed.get("stream") is True)
 
 
 async def _pass(request: web.Request) -> web.StreamResponse:
     state = RouterState.of(request)
-    body = await request.read() if request.can_read_body else None
-    return await _admitted(request, state, body, state.any_replica.route(state.replicas, None))
+    body = await read_body(request) if request.can_read_body else None
+    return await _traced(request, state, body, state.any_replica.route(state.replicas, None))
 
 
-async def _admitted(request: web.Request, state: RouterState, body: bytes | None,
-                    route: Any) -> web.StreamResponse:
+async def _traced(request: web.Request, state: RouterState, body: bytes | None, route: Route,
+                  streamed: bool = False) -> web.StreamResponse:
     if state.in_flight >= state.config.max_in_flight:
         state.metrics.failures.labels("503").inc()
         return error_responses.overloaded(state.config.max_in_flight)
     state.in_flight += 1
     try:
         with state.tracing.span(request, route):
-            return await forward(request, body, route)
+            return await forward(request, body, route, streamed)
     finally:
         state.in_flight -= 1
 
@@ -105,21 +123,6 @@ async def _health(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = RouterState.of(request).metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-@web.middleware
-async def _error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except web.HTTPRequestEntityTooLarge:
-        return error_responses.body_too_large(request.app[STATE_KEY].config.max_request_body_bytes)
-    except web.HTTPNotFound:
-        return error_responses.not_found(request.method, request.path)
-    except web.HTTPMethodNotAllowed as exc:
-        return error_responses.error_response(
-            405, f"Method {request.method} is not allowed for {request.path}",
-            error_responses.INVALID_REQUEST, "method_not_allowed",
-            headers={"Allow": exc.headers["Allow"]})
 
 
 async def _session_context(app: web.Application) -> AsyncIterator[None]:

@@ -37,6 +37,10 @@ class RouterMetrics:
         }
         self.failures = Counter(PREFIX + "failed_requests", "Requests the router answered "
                                 "with its own error, by status.", ["status"], registry=registry)
+        self.broken_streams = Counter(PREFIX + "broken_streams", "Streams a replica failed "
+                                      "after their first byte (silent past the idle timeout, "
+                                      "cut short, broken, ejected), ended with an error event.",
+                                      ["replica"], registry=registry)
         registry.register(_ReplicaCollector(replicas))
         # The per-replica child of ``routed``: ``labels()`` takes a lock and builds a key on
         # every call, on the path of every request.

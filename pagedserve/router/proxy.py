@@ -1,46 +1,47 @@
 """Forwarding one request: try the route's replicas in order, then pass the answer through.
 
-A request may move to the next replica until its first byte reaches the client: a failed
-connection, a reset, a 5xx or 429 answer, or a stream that breaks before its first chunk.
-After that the bytes go through as they arrive, unbuffered; a stream that breaks later ends
-with an OpenAI-shaped error event, as the server's own streams do. A client that goes away
-cancels the handler (the runner's ``handler_cancellation``), which closes the upstream
-connection, and the replica aborts the generation.
+A request moves to the next replica until its first byte reaches the client: a failed
+connection, a reset, a timeout (``stream_idle_timeout`` for a streamed request,
+``upstream_timeout`` for the whole of another), any 5xx, a 429, or an event stream that ends
+before its first byte. Each of these but a full replica's (429, or 503 for too many
+connections) counts toward the replica's ejection; a replica that cannot be reached at all, or
+says it is draining, is ejected at once. After the first byte an answer goes through as it
+arrives, a stream event by event (``stream_relay.py``), and a failure there becomes an error
+event, never a silent end. A client that goes away cancels the handler (the runner's
+``handler_cancellation``), which closes the upstream connection, and the replica aborts the
+generation.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
-import sys
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
-import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from pagedserve.common.http.forwarded import FORWARDED, X_FORWARDED_FOR
 from pagedserve.common.load_hints import HEADER_FREE_TOKENS, LoadHints
 from pagedserve.router import error_responses
 from pagedserve.router.policies import Route
-from pagedserve.router.replicas import Replica
+from pagedserve.router.replicas import DRAINING, Replica, error_code
 from pagedserve.router.state import RouterState
+from pagedserve.router.stream_relay import relay
 
-logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _HOP_BY_HOP = frozenset({
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length", "content-encoding",
+    "transfer-encoding", "upgrade", "host", "content-length", "content-encoding", "expect",
 })
 # A replica's load hints describe that replica, not the router; a client reading them would
 # size its budget for one replica, so they stop here.
 _HINT_PREFIX = HEADER_FREE_TOKENS.rsplit("-", 2)[0].lower()  # "x-pagedserve"
 REPLICA_HEADER = "X-PagedServe-Replica"
-# Answers worth trying elsewhere: the replica is full, draining, or its engine is dead.
-_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# A replica that is full, not failing: worth another replica, not a count toward ejection.
+_FULL_CODES = frozenset({"too_many_connections"})
 
 
 class _TryElsewhere(Exception):
@@ -51,7 +52,10 @@ class _TryElsewhere(Exception):
         self.response = response
 
 
-async def forward(request: web.Request, body: bytes | None, route: Route) -> web.StreamResponse:
+async def forward(request: web.Request, body: bytes | None, route: Route,
+                  streamed: bool = False) -> web.StreamResponse:
+    """``streamed``: the request asked for a stream, so each wait on the replica is bounded
+    by ``stream_idle_timeout``."""
     state = RouterState.of(request)
     attempts = route.replicas[:state.config.max_attempts]
     if not attempts:
@@ -64,7 +68,7 @@ async def forward(request: web.Request, body: bytes | None, route: Route) -> web
         state.metrics.count_routed(replica.url)
         replica.in_flight += 1
         try:
-            return await _attempt(request, state, replica, body)
+            return await _attempt(request, state, replica, body, streamed)
         except _TryElsewhere as exc:
             failure = exc
         finally:
@@ -76,11 +80,19 @@ async def forward(request: web.Request, body: bytes | None, route: Route) -> web
     return error_responses.upstream_failed(len(attempts), str(failure))
 
 
-def forward_headers(headers: Mapping[str, str], peer: str | None) -> CIMultiDict[str]:
+def forward_headers(headers: CIMultiDict[str] | Any, peer: str | None,
+                    trusted: bool = False) -> CIMultiDict[str]:
+    """The request's headers for the replica, with the client's address appended to
+    ``X-Forwarded-For``. The chain it came with is kept only from a ``trusted`` peer (a proxy
+    in ``--forwarded-allow-ips``): from anyone else it is the client's own claim, which a
+    replica that trusts the router must not read."""
     out = CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _HOP_BY_HOP)
+    if not trusted:
+        out.popall(X_FORWARDED_FOR, None)
+        out.popall(FORWARDED, None)
     if peer:
-        earlier = out.get("X-Forwarded-For")
-        out["X-Forwarded-For"] = f"{earlier}, {peer}" if earlier else peer
+        earlier = ", ".join(out.popall(X_FORWARDED_FOR, ()))
+        out[X_FORWARDED_FOR] = f"{earlier}, {peer}" if earlier else peer
     return out
 
 
@@ -92,23 +104,28 @@ def _response_headers(upstream: aiohttp.ClientResponse, replica: Replica) -> CIM
 
 
 async def _attempt(request: web.Request, state: RouterState, replica: Replica,
-                   body: bytes | None) -> web.StreamResponse:
-    upstream, first = await _until_ejected(replica, _open(request, state, replica, body))
+                   body: bytes | None, streamed: bool) -> web.StreamResponse:
+    upstream, first = await _until_ejected(
+        replica, _open(request, state, replica, body, streamed))
     async with upstream:
+        headers = _response_headers(upstream, replica)
         if upstream.content_type == "text/event-stream":
-            return await _stream(request, state, replica, upstream, first)
-        return web.Response(status=upstream.status, body=first,
-                            headers=_response_headers(upstream, replica))
+            return await relay(request, state, replica, upstream, first, headers)
+        if upstream.status < 400:
+            state.replicas.succeeded(replica)
+        return web.Response(status=upstream.status, body=first, headers=headers)
 
 
 async def _open(request: web.Request, state: RouterState, replica: Replica,
-                body: bytes | None) -> tuple[aiohttp.ClientResponse, bytes]:
+                body: bytes | None, streamed: bool) -> tuple[aiohttp.ClientResponse, bytes]:
     """The replica's response and its first bytes (a stream's first chunk, or the whole body
     of an answer that is not streamed): until then the request may still go elsewhere."""
     config = state.config
+    silence = config.stream_idle_timeout if streamed else config.upstream_timeout
     timeout = aiohttp.ClientTimeout(total=None, connect=config.connect_timeout,
-                                    sock_read=config.upstream_timeout)
-    headers = forward_headers(request.headers, request.remote)
+                                    sock_read=silence)
+    headers = forward_headers(request.headers, request.remote,
+                              state.proxies.trusts(request.remote or ""))
     state.tracing.inject(headers)
     upstream: aiohttp.ClientResponse | None = None
     try:
@@ -118,20 +135,33 @@ async def _open(request: web.Request, state: RouterState, replica: Replica,
         hints = LoadHints.from_headers(upstream.headers)
         if hints is not None:
             replica.hints = hints
-        if upstream.status in _RETRY_STATUSES:
+        if upstream.status == 429 or upstream.status >= 500:
             raise await _refusal(state, replica, upstream)
         if upstream.content_type == "text/event-stream":
-            return upstream, await upstream.content.readany()
+            first = await upstream.content.readany()
+            if not first:
+                upstream.close()
+                raise _failed(state, replica, "an event stream that ended before its first byte")
+            return upstream, first
         return upstream, await upstream.read()
+    except aiohttp.ClientConnectorError as exc:  # nothing listens there: down, not slow
+        state.replicas.eject(replica, f"cannot connect: {exc!r}")
+        raise _TryElsewhere(f"{replica.url}: {exc!r}") from exc
     except (TimeoutError, aiohttp.ClientError) as exc:
         if upstream is not None:
             upstream.close()
-        state.replicas.eject(replica, f"request failed: {exc!r}")
-        raise _TryElsewhere(f"{replica.url}: {exc!r}") from exc
+        raise _failed(state, replica, repr(exc),
+                      silent=isinstance(exc, TimeoutError)) from exc
     except BaseException:
         if upstream is not None:
             upstream.close()
         raise
+
+
+def _failed(state: RouterState, replica: Replica, reason: str,
+            silent: bool = False) -> _TryElsewhere:
+    state.replicas.failed(replica, reason, silent)
+    return _TryElsewhere(f"{replica.url}: {reason}")
 
 
 async def _until_ejected(replica: Replica, opening: Coroutine[Any, Any, T]) -> T:
@@ -143,12 +173,8 @@ async def _until_ejected(replica: Replica, opening: Coroutine[Any, Any, T]) -> T
     try:
         return await opening
     except asyncio.CancelledError:
-        if task not in replica.cut_off:
+        if not replica.was_cut_off(task):
             raise  # the client left
-        replica.cut_off.discard(task)
-        # The client may have left in the same moment: its cancellation still counts.
-        if sys.version_info >= (3, 11) and task.uncancel():
-            raise
         raise _TryElsewhere(f"{replica.url} was ejected while the request waited on it"
                             ) from None
     finally:
@@ -157,56 +183,18 @@ async def _until_ejected(replica: Replica, opening: Coroutine[Any, Any, T]) -> T
 
 async def _refusal(state: RouterState, replica: Replica,
                    upstream: aiohttp.ClientResponse) -> _TryElsewhere:
+    """A 429 or 5xx: passed on only if no other replica answers; counted unless the replica
+    is just full, and out of rotation at once while it drains."""
+    status = upstream.status
     try:
         data = await upstream.read()
     except (TimeoutError, aiohttp.ClientError) as exc:
-        data = None
-        reason = f"{replica.url}: {exc!r}"
-    if upstream.status == 503:  # draining or its engine died: out until /health says 200
-        state.replicas.eject(replica, "answered 503")
-    if data is None:
-        return _TryElsewhere(reason)
-    answer = web.Response(status=upstream.status, body=data,
+        return _failed(state, replica, f"answered {status}, then {exc!r}")
+    code = error_code(data)
+    if code == DRAINING:
+        state.replicas.eject(replica, "draining", silent=False)
+    elif status >= 500 and code not in _FULL_CODES:
+        state.replicas.failed(replica, f"answered {status}")
+    answer = web.Response(status=status, body=data,
                           headers=_response_headers(upstream, replica))
-    return _TryElsewhere(f"{replica.url} answered {upstream.status}", answer)
-
-
-class _ProxiedStream(web.StreamResponse):
-    """A stream whose headers leave with its first chunk: one write, not two (aiohttp's own
-    ``web.Response`` buffers its headers the same way)."""
-
-    _send_headers_immediately = False
-
-
-async def _stream(request: web.Request, state: RouterState, replica: Replica,
-                  upstream: aiohttp.ClientResponse, first: bytes) -> web.StreamResponse:
-    response = _ProxiedStream(status=upstream.status,
-                              headers=_response_headers(upstream, replica))
-    await response.prepare(request)
-    content = upstream.content
-    chunk = first
-    while chunk:
-        try:
-            if content.at_eof():  # the last chunk: it and the stream's end in one write
-                await response.write_eof(chunk)
-                return response
-            await response.write(chunk)
-        except ConnectionResetError:
-            upstream.close()  # the client left: closing the connection aborts the generation
-            return response
-        try:
-            chunk = await content.readany()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            state.replicas.eject(replica, f"stream broke: {exc!r}")
-            await _write_error_event(response, replica)
-            break
-    await response.write_eof()
-    return response
-
-
-async def _write_error_event(response: web.StreamResponse, replica: Replica) -> None:
-    error = {"error": {"message": f"The replica {replica.url} failed mid-stream.",
-                       "type": error_responses.UNAVAILABLE, "param": None,
-                       "code": "upstream_failed"}}
-    with contextlib.suppress(ConnectionResetError):
-        await response.write(b"data: " + orjson.dumps(error) + b"\n\n")
+    return _TryElsewhere(f"{replica.url} answered {status}", answer)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pagedserve.common.http.forwarded import TrustedProxies
+
 POLICIES = ("prefix", "least-load", "round-robin")
 
 
@@ -38,12 +40,31 @@ class RouterConfig:
     health_timeout: float = 2.0
     dns_interval: float = 5.0
     connect_timeout: float = 5.0
-    # How long a replica may take to send response headers (a non-streamed answer's whole
-    # generation) before the router gives up on it.
+    # How long a replica may stay silent on a non-streamed request (its whole generation)
+    # before the router gives up on it.
     upstream_timeout: float = 600.0
+    # ...and on a streamed one, before its first byte and between any two chunks; pagedserve
+    # replicas send a keep-alive comment every 10 s through a long queue wait or prefill.
+    stream_idle_timeout: float = 30.0
+    # Failures in a row (a 5xx, reset, timeout, stall, stream cut short) that eject a replica.
+    failures_to_eject: int = 2
     max_attempts: int = 3
     max_in_flight: int = 1024
     max_request_body_bytes: int = 16 * 1024 * 1024
+    # The router's own front, as the server's: connections in all and per client address
+    # (behind ``forwarded_allow_ips``, per client the proxies name, for requests), the time a
+    # connection gets for its first request head, for a body, and idle between requests.
+    max_connections: int = 4096
+    max_connections_per_client: int = 1024
+    max_requests_per_client: int = 512
+    timeout_header_read: float = 10.0
+    timeout_body_read: float = 60.0
+    timeout_keep_alive: float = 5.0
+    forwarded_allow_ips: list[str] = field(default_factory=list)
+    # A second port for /health and /metrics only, outside the connection caps.
+    health_port: int | None = None
+    # The bearer token the replicas require (for their /load); requests carry their own.
+    replica_api_key: str | None = None
     otlp_traces_endpoint: str | None = None
     # The page at / and its state at /router/state (--disable-web-ui: neither).
     web_ui: bool = True
@@ -58,13 +79,25 @@ class RouterConfig:
             if not sep or not port.isdigit():
                 raise ValueError(f"--replica-dns must be HOST:PORT, got {self.replica_dns!r}")
         for name in ("prefix_blocks", "block_chars", "block_size", "max_attempts",
-                     "max_tracked_prefixes",
-                     "max_in_flight", "max_request_body_bytes"):
+                     "max_tracked_prefixes", "failures_to_eject", "max_in_flight",
+                     "max_request_body_bytes", "max_connections", "max_connections_per_client",
+                     "max_requests_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("health_interval", "health_timeout", "connect_timeout", "upstream_timeout",
+                     "stream_idle_timeout", "timeout_header_read", "timeout_body_read",
+                     "timeout_keep_alive"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.health_port is not None and not 0 <= self.health_port <= 65535:
+            raise ValueError(f"health_port must be in [0, 65535], got {self.health_port}")
+        self.trusted_proxies()  # raises for an entry that is not an address or a network
         if self.spill_threshold < 0:
             raise ValueError(f"spill_threshold must be non-negative, got {self.spill_threshold}")
         for name in ("load_factor", "prefix_load_factor"):
             if getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be at least 1.0, got {getattr(self, name)}")
         self.replicas = [url.rstrip("/") for url in self.replicas]
+
+    def trusted_proxies(self) -> TrustedProxies:
+        return TrustedProxies(self.forwarded_allow_ips)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from pagedserve.common.http.forwarded import TrustedProxies
 from pagedserve.router.metrics import RouterMetrics
 from pagedserve.router.policies import LeastLoad, PrefixAffinity, RoundRobin, make_policy
 from pagedserve.router.replicas import ReplicaSet
@@ -22,6 +23,8 @@ class RouterState:
     policy: RoundRobin | LeastLoad | PrefixAffinity
     any_replica: LeastLoad
     tracing: Tracing
+    # The proxies whose X-Forwarded-For names the client (``--forwarded-allow-ips``).
+    proxies: TrustedProxies
     session: aiohttp.ClientSession = field(init=False)
     in_flight: int = 0
 
@@ -29,7 +32,7 @@ class RouterState:
     def build(cls, config: RouterConfig, tracing: Tracing) -> RouterState:
         replicas = ReplicaSet(config)
         return cls(config, replicas, RouterMetrics(replicas), make_policy(config),
-                   LeastLoad(config), tracing)
+                   LeastLoad(config), tracing, config.trusted_proxies())
 
     @classmethod
     def of(cls, request: web.Request) -> RouterState:

@@ -11,8 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from pagedserve.common.http.client_limits import ClientCounter
 from pagedserve.server.api.http.admission import ADMISSION_KEY
-from pagedserve.server.api.http.client_limits import ClientCounter
 from pagedserve.server.api.http.limits import ServerLimits
 from pagedserve.server.engine.core.request_preparation import EngineRequest
 from tests.api.conftest import MODEL

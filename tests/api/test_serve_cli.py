@@ -103,6 +103,8 @@ def test_trusted_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_api_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(serve.API_KEY_ENV, "from-env")
     assert serve.config_from_args(parse([])).api_key == "from-env"
+    monkeypatch.setenv(serve.API_KEY_ENV, "tenant-a, tenant-b,")  # each key a tenant
+    assert serve.config_from_args(parse([])).api_key == ["tenant-a", "tenant-b"]
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,10 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp.test_utils import TestServer
+from aiohttp import web
 
 from pagedserve.router import RouterConfig, create_app
+from pagedserve.router.app import make_runner, make_site
 from pagedserve.router.state import STATE_KEY, RouterState
 from pagedserve.router.tracing import Tracing
 from tests.api.live_server import LiveServer, server_config
@@ -21,28 +22,38 @@ from tests.router.fake_replica import FakeReplica
 
 
 class Router:
-    def __init__(self, server: TestServer) -> None:
-        self.server = server
+    """A router on 127.0.0.1 as ``pagedserve router`` runs it: its runner, behind its guarded
+    site."""
+
+    def __init__(self, runner: web.AppRunner, port: int) -> None:
+        self.runner = runner
+        self.port = port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.port}"
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def state(self) -> RouterState:
-        return self.server.app[STATE_KEY]
+        return self.runner.app[STATE_KEY]
 
     async def check_health(self) -> None:
         await self.state.replicas.check_all(self.state.session)
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
 
 
 async def start_router(replicas: list[str], tracing: Tracing | None = None,
                        **overrides: Any) -> Router:
     # Health checks only when a test asks for them, so each test decides what the router saw.
-    config = RouterConfig(replicas=replicas, health_interval=3600.0, **overrides)
-    server = TestServer(create_app(config, tracing), host="127.0.0.1")
-    await server.start_server()
-    return Router(server)
+    overrides.setdefault("health_interval", 3600.0)
+    config = RouterConfig(replicas=replicas, **overrides)
+    runner = make_runner(create_app(config, tracing), access_log=None)
+    await runner.setup()
+    site = make_site(runner, "127.0.0.1", 0)
+    await site.start()
+    return Router(runner, int(site.urls[0].rsplit(":", 1)[1]))
 
 
 @pytest_asyncio.fixture
@@ -65,7 +76,7 @@ async def make_router() -> AsyncIterator[Callable[..., Any]]:
 
     yield make
     for router in started:
-        await router.server.close()
+        await router.close()
 
 
 @pytest_asyncio.fixture

@@ -1,5 +1,6 @@
 """A fake replica: pagedserve's routes, answers that name the replica, load hints a test sets,
-and a stream a test can hold open."""
+a stream a test can hold open, and faults a test turns on: generation or /health that hang,
+an error status."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ class FakeReplica:
         self.name = name
         self.hints = IDLE
         self.status = 200  # what the generation routes answer
-        self.hang = False  # every route waits until the test ends
+        self.error_code = "queue_full"  # the error's code when the status is not 200
+        self.hang = False  # generation waits (before its first byte) until the test ends
+        self.health_hangs = False  # /health waits until the test ends
+        self.load_authorization: str | None = None  # what the last GET /load presented
         self.requests: list[dict] = []
         self.headers: list[CIMultiDict[str]] = []
         self.release_stream = asyncio.Event()  # the stream's second chunk waits for it
@@ -47,11 +51,12 @@ class FakeReplica:
         response.headers.update(self.hints.to_headers())
 
     async def _health(self, request: web.Request) -> web.Response:
-        if self.hang:
+        if self.health_hangs:
             await self.release_stream.wait()
         return web.json_response({"status": "ok"})
 
     async def _load(self, request: web.Request) -> web.Response:
+        self.load_authorization = request.headers.get("Authorization")
         return web.json_response(self.hints.to_json())
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -65,7 +70,7 @@ class FakeReplica:
             await self.release_stream.wait()
         if self.status != 200:
             error = {"error": {"message": "busy", "type": "rate_limit_error", "param": None,
-                               "code": "queue_full"}}
+                               "code": self.error_code}}
             return web.json_response(error, status=self.status, headers={"Retry-After": "1"})
         if not body.get("stream"):
             return web.json_response({"object": "text_completion", "replica": self.name})

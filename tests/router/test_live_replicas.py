@@ -5,6 +5,7 @@ aborts the generation at the replica."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 
 import aiohttp
@@ -82,3 +83,29 @@ async def test_a_client_leaving_mid_stream_aborts_at_the_replica(
     assert after.kv_cache_usage == 0.0
     # Stopped far short of its 1000 tokens: aborted, not run to the end.
     assert after.generation_tokens_total - before.generation_tokens_total < 1000
+
+
+async def test_a_prefill_longer_than_the_idle_timeout_is_kept_alive(
+        live_replicas: list[LiveServer], make_router, http: aiohttp.ClientSession,
+        monkeypatch) -> None:
+    server = live_replicas[0]
+    router = await make_router([server.base_url], stream_idle_timeout=0.6)
+    monkeypatch.setattr(server.config, "stream_keepalive_interval", 0.2)
+    engine = server.engine.engine
+    step = engine.step
+
+    def slow_first_step() -> object:
+        time.sleep(1.5)  # the prefill: longer than the router's idle timeout
+        monkeypatch.setattr(engine, "step", step)
+        return step()
+
+    monkeypatch.setattr(engine, "step", slow_first_step)
+    body = {"model": MODEL, "prompt": "a long prompt", "max_tokens": 3, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    async with http.post(router.url + "/v1/completions", json=body) as response:
+        raw = await response.read()
+    events = raw.split(b"\n\n")
+    assert events[0] == b": keep-alive"  # passed through while the prefill ran
+    data = [e for e in events if e.startswith(b"data: ")]
+    assert data[-1] == b"data: [DONE]"
+    assert len(data) == 4 and all(b'"text"' in e for e in data[:-1])

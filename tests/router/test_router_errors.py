@@ -91,7 +91,8 @@ def parse(argv: list[str]) -> RouterConfig:
     return config_from_args(parser.parse_args(argv))
 
 
-def test_cli() -> None:
+def test_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PAGEDSERVE_API_KEY", raising=False)
     assert SUBCOMMANDS["router"][0] == "pagedserve.router.cli"
     config = parse(["--replica", "http://a:8000/", "--replica", "http://b:8000",
                     "--policy", "least-load"])
@@ -107,6 +108,28 @@ def test_cli() -> None:
     assert parse(["--replica", "http://a", "--prefix-load-factor", "1.5"]).prefix_load_factor == 1.5
     with pytest.raises(ValueError, match=r"prefix_load_factor must be at least 1\.0"):
         parse(["--replica", "http://a", "--prefix-load-factor", "0.9"])
+    front = parse(["--replica", "http://a", "--stream-idle-timeout", "12",
+                   "--failures-to-eject", "3", "--health-port", "8081",
+                   "--max-connections", "10", "--max-connections-per-client", "4",
+                   "--max-requests-per-client", "2", "--forwarded-allow-ips", "10.0.0.0/8, ::1",
+                   "--timeout-header-read", "3", "--timeout-body-read", "4",
+                   "--timeout-keep-alive", "6", "--replica-api-key", "k"])
+    assert (front.stream_idle_timeout, front.failures_to_eject, front.health_port) == (
+        12.0, 3, 8081)
+    assert (front.max_connections, front.max_connections_per_client,
+            front.max_requests_per_client) == (10, 4, 2)
+    assert (front.forwarded_allow_ips, front.replica_api_key) == (["10.0.0.0/8", "::1"], "k")
+    assert (front.timeout_header_read, front.timeout_body_read, front.timeout_keep_alive) == (
+        3.0, 4.0, 6.0)
+    defaults = parse(["--replica", "http://a"])
+    assert (defaults.stream_idle_timeout, defaults.failures_to_eject, defaults.replica_api_key,
+            defaults.forwarded_allow_ips) == (30.0, 2, None, [])
+    monkeypatch.setenv("PAGEDSERVE_API_KEY", "from-env,other")  # compose's and the replicas'
+    assert parse(["--replica", "http://a"]).replica_api_key == "from-env"
+    with pytest.raises(ValueError, match="not an IP address"):
+        parse(["--replica", "http://a", "--forwarded-allow-ips", "router"])
+    with pytest.raises(ValueError, match="stream_idle_timeout must be positive, got 0"):
+        parse(["--replica", "http://a", "--stream-idle-timeout", "0"])
 
 
 def test_the_router_imports_no_torch() -> None:

@@ -134,7 +134,7 @@ async def test_a_hung_replica_is_ejected_and_its_waiting_request_retried(
         replicas, make_router, http) -> None:
     a, b = replicas
     router = await make_router([a.url, b.url], health_timeout=0.2)
-    a.hang = True
+    a.hang = a.health_hangs = True
     request = asyncio.create_task(complete(http, router, prompts_homed_on(router, a.url)[0]))
     while not a.requests:
         await asyncio.sleep(0.01)
@@ -245,7 +245,9 @@ async def test_headers_and_trace_context_reach_the_replica(replicas, make_router
 
 
 async def test_get_routes_and_health(replicas, make_router, http) -> None:
-    router = await make_router([r.url for r in replicas])
+    router = await make_router([r.url for r in replicas], replica_api_key="k")
+    # /load takes the replicas' key (their /health needs none).
+    assert [r.load_authorization for r in replicas] == ["Bearer k"] * 2
     async with http.get(router.url + "/v1/models") as response:
         assert (response.status, (await response.json())["data"]) == (200, [{"id": "tiny"}])
     async with http.get(router.url + "/health") as response:

@@ -65,7 +65,7 @@ async def test_one_trace_from_client_to_engine_phases(traced_replica: LiveServer
                     model=MODEL, prompt="Once upon a time", max_tokens=5, temperature=0,
                     ignore_eos=True)
     finally:
-        await router.server.close()
+        await router.close()
     spans = list(exporter.get_finished_spans())
     routed = one(spans, "POST /v1/completions", "pagedserve-router")
     served = one(spans, "POST /v1/completions", "pagedserve-server")
@@ -120,7 +120,7 @@ async def test_otlp_export_reaches_a_receiver(replicas) -> None:
         async with aiohttp.ClientSession() as http, http.post(
                 router.url + "/v1/completions", json={"prompt": "hi"}) as response:
             assert response.status == 200
-        await router.server.close()  # the router's cleanup flushes its batch of spans
+        await router.close()  # the router's cleanup flushes its batch of spans
     finally:
         await receiver.close()
     spans = [(resource.resource, span) for message in received

@@ -10,6 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
+from pagedserve.common.http.connection_guard import (
+    ConnectionGuard,
+    GuardedTCPSite,
+    expect_continue,
+)
+from pagedserve.common.http.parse_errors import json_parse_errors
 from pagedserve.server.api import routes_info
 from pagedserve.server.api.config.app_keys import (
     CONFIG_KEY,
@@ -20,13 +26,7 @@ from pagedserve.server.api.config.app_keys import (
 from pagedserve.server.api.config.server_config import ServerConfig
 from pagedserve.server.api.http.admission import ADMISSION_KEY, Admission
 from pagedserve.server.api.http.api_errors import error_middleware, shutting_down
-from pagedserve.server.api.http.connections import (
-    ConnectionGuard,
-    GuardedTCPSite,
-    expect_continue,
-)
 from pagedserve.server.api.http.jsonio import TOKENIZER_POOL_KEY
-from pagedserve.server.api.http.parse_errors import json_parse_errors
 from pagedserve.server.api.serving.chat import create_chat_completion
 from pagedserve.server.api.serving.completions import create_completion
 from pagedserve.server.api.serving.generation import BATCHES_KEY

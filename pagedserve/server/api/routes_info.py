@@ -5,9 +5,14 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from pagedserve.server.api.config.app_keys import STARTED_KEY
+from pagedserve.server.api.config.app_keys import CONFIG_KEY, STARTED_KEY
 from pagedserve.server.api.http.admission import ADMISSION_KEY
-from pagedserve.server.api.http.api_errors import engine_unavailable, model_not_found, shutting_down
+from pagedserve.server.api.http.api_errors import (
+    engine_stalled,
+    engine_unavailable,
+    model_not_found,
+    shutting_down,
+)
 from pagedserve.server.api.http.jsonio import json_response
 from pagedserve.server.api.serving.pipeline import VERSION, Serving
 from pagedserve.server.api.telemetry.metrics import METRICS_KEY
@@ -40,11 +45,16 @@ async def retrieve_model(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """200 only while the engine's loop runs and the server takes requests."""
+    """200 only while the engine's loop runs, has not stalled, and the server takes
+    requests."""
     if request.app[ADMISSION_KEY].draining:
         raise shutting_down()
-    if not Serving.of(request).engine.is_healthy:
+    engine = Serving.of(request).engine
+    if not engine.is_healthy:
         raise engine_unavailable("the step loop has stopped")
+    stalled, limit = engine.stalled_for(), request.app[CONFIG_KEY].engine_stall_timeout
+    if stalled > limit:
+        raise engine_stalled(stalled, limit)
     return json_response({"status": "ok"})
 
 

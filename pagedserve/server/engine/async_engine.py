@@ -131,6 +131,7 @@ class AsyncEngine:
         self._snapshots = SnapshotPublisher(engine.scheduler)
         engine.add_step_observer(self._snapshots)
         self._num_steps = 0
+        self._came_round_at = time.monotonic()  # the step loop's latest pass
         self._fail_step = int(os.environ.get(FAIL_STEP_ENV) or 0)
         # Grammars compile here, never in the step loop; a compilation past its timeout
         # cannot be stopped, so few threads bound what runaway ones can take.
@@ -211,6 +212,14 @@ class AsyncEngine:
         await self._failed.wait()
         assert self._failure is not None
         return self._failure
+
+    def stalled_for(self) -> float:
+        """Seconds since the step loop last came round while it holds requests; 0.0 while it
+        holds none. An idle loop comes round twice a second and a busy one after every step,
+        so this grows only while a step (or the loop) is stuck."""
+        if not self._streams:
+            return 0.0
+        return time.monotonic() - self._came_round_at
 
     @property
     def is_healthy(self) -> bool:
@@ -306,6 +315,7 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                self._came_round_at = time.monotonic()
                 self._drain_inbox()
                 self._snapshots.publish()
                 if not self.engine.has_unfinished_requests():

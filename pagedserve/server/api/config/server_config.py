@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.server.api.http.forwarded import X_FORWARDED_FOR, TrustedProxies
+from pagedserve.common.http.forwarded import X_FORWARDED_FOR, TrustedProxies
 from pagedserve.server.api.http.limits import ServerConfigError, ServerLimits
 from pagedserve.server.api.tools.parsers import TOOL_PARSERS
 from pagedserve.server.engine.config.engine_args import EngineArgs
@@ -24,7 +24,12 @@ class ServerConfig:
     special ids (by default it stays text, so no message can forge a turn).
     ``forwarded_allow_ips``: the proxies (addresses, CIDR networks, or ``*``) whose
     ``forwarded_header`` names the client for the per-client limits and the tenant key;
-    none by default, so that no client can name itself.
+    none by default, so that no client can name itself. ``stream_keepalive_interval``: a
+    stream silent this many seconds gets an SSE comment (a long queue wait or prefill keeps
+    proxies' idle timers from firing) while its engine is not stalled.
+    ``engine_stall_timeout``: seconds the engine may go without finishing a step while it
+    holds requests before ``/health`` answers 503 and streams stop their keep-alive comments
+    (a hung step behind a live HTTP loop).
     """
 
     engine_args: EngineArgs = field(default_factory=EngineArgs)
@@ -44,6 +49,8 @@ class ServerConfig:
     otlp_traces_endpoint: str | None = None
     # The web page at / and the engine's state at /engine/state (--disable-web-ui: neither).
     web_ui: bool = True
+    stream_keepalive_interval: float = 10.0
+    engine_stall_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if self.tool_call_parser not in TOOL_PARSERS:
@@ -59,6 +66,9 @@ class ServerConfig:
             raise ServerConfigError(
                 f"drain_timeout must be non-negative, got {self.drain_timeout}"
             )
+        for name in ("stream_keepalive_interval", "engine_stall_timeout"):
+            if getattr(self, name) <= 0:
+                raise ServerConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.api_key == "" or (isinstance(self.api_key, list)
                                   and (not self.api_key or "" in self.api_key)):
             raise ServerConfigError("api_key must be non-empty when given")

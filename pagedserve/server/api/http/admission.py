@@ -9,7 +9,7 @@ keys are set, gets 503 once the server is draining, and 429 when its source addr
 key already has ``max_requests_per_client`` in flight, or when it comes on a new connection
 and its key already holds ``max_connections_per_client``; the requests already admitted run on,
 and the in-flight count tells the shutdown when they are done. A request's source address is
-its peer's, or the client a trusted proxy names (``forwarded.py``).
+its peer's, or the client a trusted proxy names (``common/http/forwarded.py``).
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from pagedserve.common.errors import APIError
+from pagedserve.common.http.client_limits import (
+    ClientCounter,
+    KeyConnections,
+    over_client_share,
+)
+from pagedserve.common.http.forwarded import TrustedProxies
 from pagedserve.server.api.http.api_errors import (
     INVALID_REQUEST,
     invalid_request,
     shutting_down,
 )
-from pagedserve.server.api.http.client_limits import (
-    ClientCounter,
-    KeyConnections,
-    over_client_share,
-)
-from pagedserve.server.api.http.forwarded import TrustedProxies
 from pagedserve.server.api.http.limits import ServerLimits
 from pagedserve.server.api.web.paths import is_page_path
 

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import math
 
-import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -22,26 +21,21 @@ from pagedserve.common.engine_errors import (
     RequestFailedError,
 )
 from pagedserve.common.errors import APIError
+from pagedserve.common.http.json_errors import (
+    INVALID_REQUEST,
+    RATE_LIMIT,
+    SERVER_ERROR,
+    UNAVAILABLE,
+    body_too_large,
+    error_response,
+    from_http_exception,
+)
 
 logger = logging.getLogger(__name__)
 
-INVALID_REQUEST = "invalid_request_error"
-RATE_LIMIT = "rate_limit_error"
-SERVER_ERROR = "server_error"
-UNAVAILABLE = "service_unavailable_error"
-
-
-def error_response(error: APIError) -> web.Response:
-    """``error`` as the HTTP response the client gets."""
-    response = web.Response(
-        status=error.status or 500,
-        body=orjson.dumps(error.error_object()),
-        content_type="application/json",
-        headers=error.headers,
-    )
-    if error.close_connection:
-        response.force_close()
-    return response
+# The shapes every HTTP front shares, named here too for the server's modules.
+__all__ = ["INVALID_REQUEST", "RATE_LIMIT", "SERVER_ERROR", "UNAVAILABLE", "APIError",
+           "body_too_large", "error_response"]
 
 
 def invalid_request(message: str, param: str | None = None) -> APIError:
@@ -73,21 +67,10 @@ def engine_unavailable(detail: str) -> APIError:
                     code="engine_dead")
 
 
-def body_too_large(size: int | None, limit: int, encoding: str | None = None) -> APIError:
-    """413 that names what was measured: the bytes announced (Content-Length), or for a body
-    without one (chunked) that the bytes read passed the limit; the limit holds for the body
-    once decoded from its ``encoding``, which the message says."""
-    if encoding is not None and encoding.lower() != "identity":
-        sent = f"{size} bytes sent" if size is not None else "a chunked body sent"
-        message = (f"Request body too large: {sent} with Content-Encoding {encoding!r} "
-                   f"decompressed to more than {limit} bytes, the limit (which holds for "
-                   f"the decompressed body).")
-    elif size is not None:
-        message = f"Request body too large: {size} bytes sent, the limit is {limit} bytes."
-    else:
-        message = (f"Request body too large: a chunked body sent passed {limit} bytes, the "
-                   f"limit, before its end.")
-    return APIError(message, status=413, type=INVALID_REQUEST, code="request_too_large")
+def engine_stalled(seconds: float, limit: float) -> APIError:
+    return APIError(f"The engine has not finished a step in {seconds:.0f} s while it holds "
+                    f"requests (--engine-stall-timeout {limit:g} s).", status=503,
+                    type=UNAVAILABLE, code="engine_stalled")
 
 
 def from_exception(exc: BaseException, request: web.Request) -> APIError:
@@ -107,26 +90,10 @@ def from_exception(exc: BaseException, request: web.Request) -> APIError:
                         "request, and ended it.", status=500, type=SERVER_ERROR,
                         code="request_failed")
     if isinstance(exc, web.HTTPException):
-        return _from_http_exception(exc, request)
+        return from_http_exception(exc, request)
     logger.exception("unhandled error in %s %s", request.method, request.path)
     return APIError("The server had an error while processing the request.", status=500,
                     type=SERVER_ERROR)
-
-
-def _from_http_exception(exc: web.HTTPException, request: web.Request) -> APIError:
-    headers = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
-    if exc.status == 404:
-        message = f"Invalid URL ({request.method} {request.path})"
-        return APIError(message, status=404, type=INVALID_REQUEST, code="unknown_url")
-    if exc.status == 405:
-        message = f"Method {request.method} is not allowed for {request.path}"
-        return APIError(message, status=405, type=INVALID_REQUEST, code="method_not_allowed",
-                        headers=headers)
-    if exc.status == 413:
-        return body_too_large(request.content_length, request.client_max_size,
-                              request.headers.get("Content-Encoding"))
-    error_type = INVALID_REQUEST if exc.status < 500 else SERVER_ERROR
-    return APIError(exc.reason, status=exc.status, type=error_type, headers=headers)
 
 
 @web.middleware

@@ -24,11 +24,10 @@ class ServerLimits:
     ``max_tokens_per_request``: prompt tokens in one request, all its prompts together.
     ``tokenizer_threads``: the pool that tokenizes large inputs and ``/tokenize`` off the
     event loop, so /health and streams keep answering meanwhile.
-    ``timeout_keep_alive``: seconds an idle connection stays open (also the bound on how long
-    a connection may take to deliver a request's headers after connecting or after its
-    previous response).
+    ``timeout_keep_alive``: seconds an idle connection stays open after a response (also the
+    bound on how long the next request's headers may take).
     ``timeout_header_read``: seconds a new connection gets to deliver its first request's
-    headers (a client that trickles them is cut off).
+    headers (a client that trickles them is cut off), whatever ``timeout_keep_alive`` is.
     ``max_connections``: open connections; beyond it a new one gets 503 and is closed.
     ``max_connections_per_client``: open connections from one source address, and with one
     API key when keys are set (more: 429).

@@ -22,7 +22,7 @@ from pagedserve.server.api.http.admission import TENANT
 from pagedserve.server.api.http.api_errors import invalid_request, model_not_found
 from pagedserve.server.api.http.jsonio import json_response, off_loop, read_request
 from pagedserve.server.api.http.limits import ServerLimits, check_prompt_tokens
-from pagedserve.server.api.http.sse import stream_events, stream_typed_events
+from pagedserve.server.api.http.sse import StreamLiveness, stream_events, stream_typed_events
 from pagedserve.server.api.serving.generation import BATCHES_KEY, GenerationBatch, Prompt
 from pagedserve.server.api.telemetry.metrics import METRICS_KEY
 from pagedserve.server.api.telemetry.tracing import TRACING_KEY
@@ -98,6 +98,12 @@ class Serving:
     def tool_parser(self) -> ToolParser:
         """The parser ``--tool-call-parser`` names, for ``tool_choice: "auto"``."""
         return TOOL_PARSERS[self.app[CONFIG_KEY].tool_call_parser]()
+
+    def liveness(self) -> StreamLiveness:
+        """When this server's silent streams get keep-alive comments."""
+        config = self.app[CONFIG_KEY]
+        return StreamLiveness(config.stream_keepalive_interval, config.engine_stall_timeout,
+                              self.engine.stalled_for)
 
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY],
@@ -230,7 +236,7 @@ class Route(ABC, Generic[Req]):
             if req.stream:
                 await batch.admitted()
                 send = stream_typed_events if cls.typed_events else stream_events
-                return await send(request, view.stream(batch))
+                return await send(request, view.stream(batch), serving.liveness())
             finals = await batch.final_outputs()
         return json_response(view.body(finals))
 

@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from pagedserve.server.api.http.parse_errors import describe
+from pagedserve.common.http.parse_errors import describe
 
 
 class ServerLog:

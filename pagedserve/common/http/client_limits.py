@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from pagedserve.common.errors import APIError
-from pagedserve.server.api.http.api_errors import RATE_LIMIT
+from pagedserve.common.http.json_errors import RATE_LIMIT
 
 # A client over its share may retry as soon as one of its connections or requests ends.
 CLIENT_RETRY_AFTER_S = 1

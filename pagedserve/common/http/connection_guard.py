@@ -15,23 +15,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
+from typing import Protocol
 
 import orjson
 from aiohttp import web
 from aiohttp.http import HttpVersion11
+from aiohttp.web_protocol import RequestHandler
 
 from pagedserve.common.errors import APIError
-from pagedserve.server.api.http.api_errors import (
+from pagedserve.common.http.client_limits import ClientCounter, over_client_share, peer_host
+from pagedserve.common.http.forwarded import TrustedProxies
+from pagedserve.common.http.json_errors import (
     INVALID_REQUEST,
     UNAVAILABLE,
     body_too_large,
     error_response,
 )
-from pagedserve.server.api.http.client_limits import ClientCounter, over_client_share, peer_host
-from pagedserve.server.api.http.forwarded import TrustedProxies
-from pagedserve.server.api.http.limits import ServerLimits
 
 _HEAD_END = b"\r\n\r\n"
 # How long a refused connection may take to send its request before it is answered anyway.
@@ -45,6 +47,18 @@ _SPARE_DESCRIPTORS = 128
 logger = logging.getLogger(__name__)
 
 
+class ConnectionLimits(Protocol):
+    """What the guard reads of a front's settings (the server's ``ServerLimits``, the
+    router's ``RouterConfig``)."""
+
+    @property
+    def max_connections(self) -> int: ...
+    @property
+    def max_connections_per_client(self) -> int: ...
+    @property
+    def timeout_header_read(self) -> float: ...
+
+
 class ConnectionGuard:
     """A protocol factory for ``loop.create_server`` around aiohttp's.
 
@@ -56,7 +70,7 @@ class ConnectionGuard:
     ``probe_only`` maps the transports of probe connections to the error they get for any
     other path, for the admission gate."""
 
-    def __init__(self, factory: Callable[[], asyncio.Protocol], limits: ServerLimits,
+    def __init__(self, factory: Callable[[], asyncio.Protocol], limits: ConnectionLimits,
                  probe_only: dict[asyncio.BaseTransport, Callable[[], APIError]],
                  max_connections: int | None = None,
                  probe_connections: int = PROBE_CONNECTIONS,
@@ -164,7 +178,12 @@ class _Gate(asyncio.Protocol):
 
 class _Guarded(asyncio.Protocol):
     """Passes everything to aiohttp's protocol; closes a connection whose first request head
-    has not arrived within ``timeout_header_read``."""
+    has not arrived within ``timeout_header_read``.
+
+    aiohttp arms its keep-alive timer as a connection opens and closes it at that timeout if
+    no whole request has come by then; that timer is stopped here, so that the first head
+    gets ``timeout_header_read`` as configured, not the smaller of the two. aiohttp re-arms
+    it after each response, where it bounds the wait for the next request."""
 
     def __init__(self, inner: asyncio.Protocol, guard: ConnectionGuard, client: str | None,
                  probe: bool) -> None:
@@ -181,6 +200,8 @@ class _Guarded(asyncio.Protocol):
         timeout = self._guard.limits.timeout_header_read
         self._deadline = asyncio.get_running_loop().call_later(timeout, transport.close)
         self._inner.connection_made(transport)
+        if isinstance(self._inner, RequestHandler):
+            self._inner.keep_alive(True)  # stops the timer only: keep-alive stays on
 
     def data_received(self, data: bytes) -> None:
         if self._deadline is not None:
@@ -271,8 +292,8 @@ class GuardedTCPSite(web.BaseSite):
     @property
     def urls(self) -> list[str]:
         """Where the site listens, once started (the real port when 0 was asked for)."""
-        # uvloop's server is no asyncio.Server, but it has the same sockets.
-        sockets = getattr(self._server, "sockets", None) or ()
+        # uvloop's server is no asyncio.Server, but has the same ``sockets``.
+        sockets: Sequence[socket.socket] = getattr(self._server, "sockets", None) or ()
         return [f"http://{sock.getsockname()[0]}:{sock.getsockname()[1]}" for sock in sockets]
 
     async def start(self) -> None:

@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler
 
-from pagedserve.server.api.http.api_errors import error_response, invalid_request
+from pagedserve.common.errors import APIError
+from pagedserve.common.http.json_errors import INVALID_REQUEST, error_response
 
 # A problem's description is cut here (the pure-Python parser has no line of its own for it).
 _MAX_DETAIL_CHARS = 120
@@ -49,7 +50,8 @@ class JSONParseErrors(RequestHandler):
         response = super().handle_error(request, status, exc, message)
         if not isinstance(exc, HttpProcessingError):
             return response
-        error = invalid_request(f"The request could not be parsed as HTTP: {describe(exc)}.")
+        error = APIError(f"The request could not be parsed as HTTP: {describe(exc)}.",
+                         status=400, type=INVALID_REQUEST)
         error.close_connection = True
         return error_response(error)
 
