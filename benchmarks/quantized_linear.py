@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, dict[str, float]]] = {}
     print(f"{torch.get_num_threads()} threads; microseconds per call, best of "
           f"{args.rounds} x {args.repeats}; block kernel "
-          f"{'AVX-512 VNNI' if cpu_block_quant.uses_simd() else 'portable'}")
+          f"{cpu_block_quant.chosen_path()}")
     for label, (out, inp) in SHAPES.items():
         kernels = _kernels(torch.randn(out, inp, generator=gen) * 0.05)
         for rows in args.rows:

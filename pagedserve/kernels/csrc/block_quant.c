@@ -1,0 +1,228 @@
+/* The block-quant kernel's entry points: repack GGUF blocks into the packed form
+ * (bq_layout.h), read packed rows back as floats, and y = x W^T for a weight made of row
+ * segments of any of the types, each segment writing its slice of y's columns, all in one
+ * OpenMP region on torch's threads.
+ *
+ * Three dot-product paths are compiled into this one library, each function carrying its own
+ * target attributes, so that each can be forced (and tested) on any machine that has it:
+ * AVX-512 VNNI (bq_vnni.h), AVX2 + FMA (bq_avx2.h) and portable C (bq_portable.h).
+ * bq_paths() says which ones this CPU runs.
+ *
+ * Each thread takes a run of output groups and, for each, every row of x in tiles of up to 8:
+ * the group's codes stay in L1 while the rows read them, so a weight is read from memory once
+ * per call (once per CHUNK_ROWS rows for a long prefill).
+ */
+#include <stdlib.h>
+
+#include "bq_portable.h"
+#include "bq_avx2.h"
+#include "bq_vnni.h"
+
+#define CHUNK_ROWS 64
+
+enum bq_path { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_VNNI = 2 };
+
+/* Bit p set where this CPU runs path p. */
+int64_t bq_paths(void) {
+    int64_t paths = 1 << PATH_PORTABLE;
+#if BQ_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        paths |= 1 << PATH_AVX2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+        paths |= 1 << PATH_VNNI;
+#endif
+    return paths;
+}
+
+/* The layout table, for the Python side to check its own against: entry i as (type, inputs
+ * per block, bytes per block); returns the number of entries. */
+int64_t bq_layout_info(int64_t i, int64_t *out) {
+    if (i >= 0 && i < BQ_NUM_LAYOUTS) {
+        out[0] = BQ_LAYOUTS[i].type;
+        out[1] = BQ_LAYOUTS[i].block;
+        out[2] = BQ_LAYOUTS[i].file_bytes;
+    }
+    return BQ_NUM_LAYOUTS;
+}
+
+/* Bytes of the packed form of a [rows, k] weight of `type`; -1 for an unknown type or a k
+ * that is not whole blocks. */
+int64_t bq_packed_bytes(int64_t type, int64_t rows, int64_t k) {
+    const bq_layout *L = bq_find(type);
+    if (L == NULL || k <= 0 || k % L->block || rows <= 0) return -1;
+    const bq_seg s = bq_segment(L, NULL, k);
+    return (rows + BQ_GROUP - 1) / BQ_GROUP * s.group_bytes;
+}
+
+/* Packs a [rows, k] weight whose row r starts at src + r * src_stride (ggml's blocks) into
+ * dst (bq_packed_bytes of it); returns 0, or -1 where bq_packed_bytes refuses. */
+int64_t bq_repack(int64_t type, const uint8_t *src, int64_t src_stride, int64_t rows, int64_t k,
+                  uint8_t *dst, int64_t threads) {
+    const bq_layout *L = bq_find(type);
+    if (bq_packed_bytes(type, rows, k) < 0) return -1;
+    const bq_seg s = bq_segment(L, dst, k);
+    const int64_t groups = (rows + BQ_GROUP - 1) / BQ_GROUP;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < groups; g++) bq_pack_group(&s, src, src_stride, rows, g);
+    return 0;
+}
+
+/* out [n, k] = rows ids of the packed weight, as floats. */
+void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t k, const int64_t *ids,
+                        int64_t n, float *out, int64_t threads) {
+    const bq_seg s = bq_segment(bq_find(type), packed, k);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < n; i++) bq_dequantize_row(&s, ids[i], out + i * k);
+}
+
+/* float -> float16 -> float, rounding to nearest even, for d >= 0. */
+static float round_f16(float d) {
+    if (d < 6.103515625e-05f) { /* float16 subnormals: steps of 2^-24 */
+        const float steps = d * 16777216.0f;
+        const int32_t whole = (int32_t)steps;
+        const float frac = steps - (float)whole;
+        const int32_t up = frac > 0.5f || (frac == 0.5f && (whole & 1));
+        return (float)(whole + up) * 5.9604644775390625e-08f;
+    }
+    uint32_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    bits += 0x0fffu + ((bits >> 13) & 1u);
+    bits &= ~0x1fffu;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out > 65504.0f ? 65504.0f : out;
+}
+
+/* Rounds half to even, as the vector units do; |v| < offset, a power of two, so v + offset is
+ * positive and truncation rounds it down. */
+static inline int32_t round_even(float v, float offset) {
+    const float shifted = v + offset;
+    int32_t whole = (int32_t)shifted;
+    const float frac = shifted - (float)whole;
+    whole += frac > 0.5f || (frac == 0.5f && (whole & 1));
+    return whole - (int32_t)offset;
+}
+
+/* Block b of row x[0:k] into vals (zero past k); returns its largest magnitude. */
+static inline float load_block(const float *x, int64_t k, int64_t b, float vals[BQ_TILE]) {
+    float amax = 0.0f;
+    for (int j = 0; j < BQ_TILE; j++) {
+        const int64_t i = b * BQ_TILE + j;
+        vals[j] = i < k ? x[i] : 0.0f;
+        const float a = vals[j] < 0 ? -vals[j] : vals[j];
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
+/* Row r of x into the activations (module doc of bq_kernel.h). */
+static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r) {
+    const int wide = xa->qa16 != NULL;
+    const float top = wide ? 32767.0f : 127.0f, offset = wide ? 32768.0f : 128.0f;
+    for (int64_t b = 0; b < xa->blocks; b++) {
+        const int64_t blk = r * xa->blocks + b;
+        float vals[BQ_TILE];
+        const float amax = load_block(x, k, b, vals);
+        const float d = amax / top, inv = amax > 0 ? top / amax : 0.0f;
+        int32_t sums[2] = {0, 0};
+        for (int j = 0; j < BQ_TILE; j++) {
+            int32_t q = round_even(vals[j] * inv, offset);
+            q = q > (int32_t)top ? (int32_t)top : (q < -(int32_t)top ? -(int32_t)top : q);
+            sums[j / 16] += q;
+            if (wide) ((int16_t *)xa->qa16)[blk * BQ_TILE + j] = (int16_t)q;
+            else ((int8_t *)xa->qa)[blk * BQ_TILE + j] = (int8_t)q;
+        }
+        ((int32_t *)xa->s16)[2 * blk] = sums[0];
+        ((int32_t *)xa->s16)[2 * blk + 1] = sums[1];
+        const float scale = wide ? d : round_f16(d);
+        ((float *)xa->da)[blk] = scale;
+        /* GGUF's Q8_1 keeps d * sum in float16 */
+        const float s = d * (float)(sums[0] + sums[1]);
+        ((float *)xa->sx)[blk] = wide ? s : (s < 0 ? -round_f16(-s) : round_f16(s));
+    }
+}
+
+typedef void (*tile_fn)(const bq_seg *, const bq_acts *, int64_t, int64_t, int,
+                        float[BQ_TILE_ROWS][BQ_GROUP]);
+
+static tile_fn pick_tile(int64_t path, const bq_layout *L, int wide) {
+#if BQ_X86
+    if (path == PATH_VNNI) return vnni_tile_fn(L, wide);
+    if (path == PATH_AVX2) return avx2_tile_fn(L, wide);
+#endif
+    (void)path, (void)L, (void)wide;
+    return tile_portable;
+}
+
+typedef struct {
+    bq_seg seg;
+    tile_fn tile;
+    int64_t rows, col, first_group;
+} segment_run;
+
+/* y [rows, n] (row stride y_stride) = x [rows, k] (row stride x_stride) times the weight^T.
+ * The weight is nseg row segments: segs[4 s ..] = (type, rows, byte offset into packed,
+ * first column of y), each packed for k_pad inputs (k rounded up to whole blocks). path:
+ * enum bq_path (one bq_paths() has); act_bits 8 or 16. */
+void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
+               const uint8_t *packed, const int64_t *segs, int64_t nseg, float *y,
+               int64_t y_stride, int64_t threads, int64_t path, int64_t act_bits) {
+    const int64_t blocks = k_pad / BQ_TILE;
+    const int wide = act_bits == 16;
+    segment_run *runs = malloc((size_t)nseg * sizeof *runs);
+    int64_t groups = 0;
+    for (int64_t i = 0; i < nseg; i++) {
+        const bq_layout *L = bq_find(segs[4 * i]);
+        runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad),
+                                pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
+        groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
+    }
+    int8_t *qa = wide ? NULL : malloc((size_t)(rows * k_pad));
+    int16_t *qa16 = wide ? malloc((size_t)(rows * k_pad) * sizeof(int16_t)) : NULL;
+    float *da = malloc((size_t)(rows * blocks) * sizeof(float));
+    float *sx = malloc((size_t)(rows * blocks) * sizeof(float));
+    int32_t *s16 = malloc((size_t)(rows * blocks * 2) * sizeof(int32_t));
+    const bq_acts xa = {qa, qa16, da, s16, sx, blocks};
+    /* A few rows (a decode step) are quantized before the threads start: a barrier between
+     * the two phases costs a time slice whenever another process holds a core. */
+    const int split = rows >= CHUNK_ROWS;
+    if (!split)
+        for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
+#pragma omp parallel num_threads(threads)
+    {
+        if (split) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
+        }
+        for (int64_t chunk = 0; chunk < rows; chunk += CHUNK_ROWS) {
+            const int64_t chunk_end = chunk + CHUNK_ROWS < rows ? chunk + CHUNK_ROWS : rows;
+            int64_t i = 0;
+#pragma omp for schedule(static) nowait
+            for (int64_t gi = 0; gi < groups; gi++) {
+                while (i + 1 < nseg && gi >= runs[i + 1].first_group) i++;
+                while (i > 0 && gi < runs[i].first_group) i--;
+                const segment_run *run = &runs[i];
+                const int64_t g = gi - run->first_group;
+                const int64_t left = run->rows - g * BQ_GROUP;
+                const int64_t width = left < BQ_GROUP ? left : BQ_GROUP;
+                for (int64_t r0 = chunk; r0 < chunk_end; r0 += BQ_TILE_ROWS) {
+                    const int nr = (int)(chunk_end - r0 < BQ_TILE_ROWS ? chunk_end - r0 : BQ_TILE_ROWS);
+                    float out[BQ_TILE_ROWS][BQ_GROUP];
+                    run->tile(&run->seg, &xa, g, r0, nr, out);
+                    for (int r = 0; r < nr; r++)
+                        memcpy(y + (r0 + r) * y_stride + run->col + g * BQ_GROUP, out[r],
+                               (size_t)width * sizeof(float));
+                }
+            }
+        }
+    }
+    free(runs);
+    free(qa);
+    free(qa16);
+    free(da);
+    free(sx);
+    free(s16);
+}

@@ -1,0 +1,195 @@
+/* The AVX2 path: the 16-output group as two 8-output halves (bytes 0-31 and 32-63 of each
+ * chunk), one half after the other, up to 4 activation rows at a time (AVX2 has 16
+ * registers). Codes of up to 6 bits are unsigned: maddubs multiplies them by the row's 4
+ * activations and adds pairs into 16 bits, summed in 16 bits for as many chunks as cannot
+ * saturate, then madd by ones adds the pairs into each output's int32. 8-bit codes would
+ * saturate maddubs (255 x 127 x 2), so Q8_0 and the IQ4 codebook are decoded signed (their
+ * offset applied) and multiplied as |q| times the activation carrying q's sign. With int16
+ * activations the codes widen to 16 bits and madd takes 2 inputs a lane. */
+#ifndef PAGEDSERVE_BQ_AVX2_H
+#define PAGEDSERVE_BQ_AVX2_H
+
+#include "bq_vnni.h"
+
+#if BQ_X86
+
+#define BQ_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define AVX2_ROWS 4
+
+BQ_INLINE BQ_AVX2 __m256i avx2_bits(__m256i v, int from, int to, int mask) {
+    if (from > to) v = _mm256_srli_epi16(v, from - to);
+    if (from < to) v = _mm256_slli_epi16(v, to - from);
+    return _mm256_and_si256(v, _mm256_set1_epi8((char)mask));
+}
+
+BQ_INLINE BQ_AVX2 __m256i avx2_load(const uint8_t *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+/* Half `x` of chunk c of the tile's codes: unsigned, or signed (offset applied) for 8-bit
+ * codes. */
+BQ_INLINE BQ_AVX2 __m256i avx2_codes(const uint8_t *tile, const int codes, const int c, int x) {
+    const int at = 32 * x;
+    if (codes == C_BYTES)
+        return _mm256_xor_si256(avx2_load(tile + c * BQ_CHUNK + at), _mm256_set1_epi8(-128));
+    if (codes == C_LO2 || codes == C_LO2_HI1) {
+        const __m256i lo = avx2_bits(avx2_load(tile + (c / 4) * BQ_CHUNK + at), 2 * (c % 4), 0, 3);
+        if (codes == C_LO2) return lo;
+        return _mm256_or_si256(lo, avx2_bits(avx2_load(tile + 128 + at), c, 2, 4));
+    }
+    const __m256i low = avx2_bits(avx2_load(tile + (c / 2) * BQ_CHUNK + at), 4 * (c % 2), 0, 15);
+    if (codes == C_NIB) return low;
+    if (codes == C_NIB_HI1) return _mm256_or_si256(low, avx2_bits(avx2_load(tile + 256 + at), c, 4, 16));
+    if (codes == C_NIB_HI2)
+        return _mm256_or_si256(
+            low, avx2_bits(avx2_load(tile + 256 + (c / 4) * BQ_CHUNK + at), 2 * (c % 4), 4, 48));
+    const __m128i book = _mm_loadu_si128((const __m128i *)BQ_CODEBOOK);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(book), low); /* C_BOOK */
+}
+
+/* D (and M) of sub-block h of tile t for the 8 lanes of half x. */
+BQ_INLINE BQ_AVX2 void avx2_scales(const bq_seg *s, int64_t g, int64_t t, int h, int x, __m256 *D,
+                                   __m256 *M) {
+    const bq_layout *L = s->L;
+    const uint8_t *p = bq_scale_part(s, g, t * BQ_TILE / L->block);
+    const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h, subs = bq_subs(L);
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * x)));
+    switch (L->scales) {
+    case S_D: *D = d; return;
+    case S_DM: *D = d; *M = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * x))); return;
+    case S_K_D: {
+        const __m128i sc = _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * j + 8 * x));
+        *D = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+        return;
+    }
+    default: {
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * x)));
+        __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 16 * j + 8 * x))), m;
+        if (L->scales == S_K_DM) {
+            m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 16 * (subs + j) + 8 * x)));
+        } else {
+            m = _mm256_srli_epi32(sc, 4);
+            sc = _mm256_and_si256(sc, _mm256_set1_epi32(15));
+        }
+        *D = _mm256_mul_ps(d, _mm256_cvtepi32_ps(sc));
+        *M = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(m)));
+    }
+    }
+}
+
+BQ_INLINE BQ_AVX2 __m256 avx2_apply(const bq_layout *L, __m256 acc, __m256i dot, __m256 D, __m256 M,
+                                    const bq_acts *xa, int64_t blk, int h, int halves, int offset) {
+    const int32_t sum = halves == 2 ? xa->s16[2 * blk + h] : xa->s16[2 * blk] + xa->s16[2 * blk + 1];
+    if (offset) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(offset * sum));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(D, _mm256_set1_ps(xa->da[blk])), acc);
+    if (!L->offset) acc = _mm256_fmadd_ps(M, _mm256_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
+    return acc;
+}
+
+/* The int32 dot of one 8-output half-chunk of codes with a row's 4 int16 activations, as
+ * (output, input pair) lanes: outputs 0-3 in lo, 4-7 in hi. */
+BQ_INLINE BQ_AVX2 void avx2_dot16(__m256i u, int is_signed, const int16_t *a, __m256i *lo, __m256i *hi) {
+    const __m256i av = _mm256_set1_epi64x(load_i64(a));
+    const __m128i u0 = _mm256_castsi256_si128(u), u1 = _mm256_extracti128_si256(u, 1);
+    const __m256i w0 = is_signed ? _mm256_cvtepi8_epi16(u0) : _mm256_cvtepu8_epi16(u0);
+    const __m256i w1 = is_signed ? _mm256_cvtepi8_epi16(u1) : _mm256_cvtepu8_epi16(u1);
+    *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(w0, av));
+    *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(w1, av));
+}
+
+static inline __attribute__((always_inline)) BQ_AVX2 void
+avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int nr,
+          float out[BQ_TILE_ROWS][BQ_GROUP], int row_at, const int codes, const int wide) {
+    const bq_layout *L = s->L;
+    const int halves = (codes == C_NIB_HI2 || codes == C_LO2 || codes == C_LO2_HI1) ? 2 : 1;
+    const int is_signed = codes == C_BYTES || codes == C_BOOK;
+    const int offset = is_signed ? 0 : L->offset;
+    /* chunks whose maddubs pairs sum within int16: 2 x 127 x the largest code */
+    const int span = is_signed ? 1 : codes == C_NIB_HI2 ? 2 : codes == C_NIB_HI1 ? 4 : 8 / halves;
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int x = 0; x < 2; x++) {
+        __m256 acc[AVX2_ROWS];
+        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < s->tiles; t++) {
+            const uint8_t *tile = bq_tile(s, g, t);
+            for (int h = 0; h < halves; h++) {
+                __m256i dot[AVX2_ROWS], hi[AVX2_ROWS];
+                for (int r = 0; r < nr; r++) dot[r] = hi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                for (int c0 = h * 8 / halves; c0 < (h + 1) * 8 / halves; c0 += span) {
+                    __m256i sum16[AVX2_ROWS];
+                    for (int r = 0; r < nr; r++) sum16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                    for (int c = c0; c < c0 + span; c++) {
+                        const __m256i u = avx2_codes(tile, codes, c, x);
+                        const __m256i mag = is_signed ? _mm256_abs_epi8(u) : u;
+                        for (int r = 0; r < nr; r++) {
+                            const int64_t blk = (r0 + row_at + r) * xa->blocks + t;
+                            if (wide) {
+                                avx2_dot16(u, is_signed, xa->qa16 + blk * BQ_TILE + 4 * c, &dot[r], &hi[r]);
+                                continue;
+                            }
+                            __m256i a = _mm256_set1_epi32(load_i32(xa->qa + blk * BQ_TILE + 4 * c));
+                            if (is_signed) a = _mm256_sign_epi8(a, u);
+                            sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(mag, a));
+                        }
+                    }
+                    if (!wide)
+                        for (int r = 0; r < nr; r++)
+                            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sum16[r], ones));
+                }
+                __m256 D, M = _mm256_setzero_ps();
+                avx2_scales(s, g, t, h, x, &D, &M);
+                for (int r = 0; r < nr; r++) {
+                    __m256i d = dot[r];
+                    if (wide) /* (output, pair) lanes -> outputs 0-7 */
+                        d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
+                    acc[r] = avx2_apply(L, acc[r], d, D, M, xa, (r0 + row_at + r) * xa->blocks + t,
+                                        h, halves, offset);
+                }
+            }
+        }
+        for (int r = 0; r < nr; r++) _mm256_storeu_ps(out[row_at + r] + 8 * x, acc[r]);
+    }
+}
+
+#define AVX2_TILE(codes, wide)                                                                  \
+    static BQ_AVX2 void avx2_##codes##_##wide(const bq_seg *s, const bq_acts *xa, int64_t g,  \
+                                              int64_t r0, int nr,                              \
+                                              float out[BQ_TILE_ROWS][BQ_GROUP]) {             \
+        for (int at = 0; at < nr; at += AVX2_ROWS) {                                            \
+            switch (nr - at) {                                                                  \
+            case 1: avx2_tile(s, xa, g, r0, 1, out, at, codes, wide); break;                   \
+            case 2: avx2_tile(s, xa, g, r0, 2, out, at, codes, wide); break;                   \
+            case 3: avx2_tile(s, xa, g, r0, 3, out, at, codes, wide); break;                   \
+            default: avx2_tile(s, xa, g, r0, 4, out, at, codes, wide); break;                  \
+            }                                                                                   \
+        }                                                                                       \
+    }
+#define AVX2_TILES(codes) AVX2_TILE(codes, 0) AVX2_TILE(codes, 1)
+AVX2_TILES(C_NIB)
+AVX2_TILES(C_NIB_HI1)
+AVX2_TILES(C_NIB_HI2)
+AVX2_TILES(C_LO2)
+AVX2_TILES(C_LO2_HI1)
+AVX2_TILES(C_BYTES)
+AVX2_TILES(C_BOOK)
+
+#define AVX2_PICK(codes) case codes: return wide ? avx2_##codes##_1 : avx2_##codes##_0;
+
+static void (*avx2_tile_fn(const bq_layout *L, int wide))(const bq_seg *, const bq_acts *, int64_t,
+                                                          int64_t, int,
+                                                          float[BQ_TILE_ROWS][BQ_GROUP]) {
+    switch (L->codes) {
+    AVX2_PICK(C_NIB)
+    AVX2_PICK(C_NIB_HI1)
+    AVX2_PICK(C_NIB_HI2)
+    AVX2_PICK(C_LO2)
+    AVX2_PICK(C_LO2_HI1)
+    AVX2_PICK(C_BYTES)
+    default: return wide ? avx2_C_BOOK_1 : avx2_C_BOOK_0;
+    }
+}
+
+#endif
+#endif

@@ -1,0 +1,187 @@
+/* The AVX-512 VNNI path: a chunk of codes (16 outputs x 4 inputs) is one 512-bit register of
+ * unsigned bytes, decoded from its planes with a few shifts and masks (the IQ4 codebook by one
+ * byte shuffle), and one dpbusd against the row's 4 activations broadcast to every lane adds
+ * it to the 16 outputs' int32 sums. With int16 activations each chunk widens to two registers
+ * of 16-bit codes and dpwssd takes 2 inputs a lane (the pairs of lanes are added once per
+ * sub-block). */
+#ifndef PAGEDSERVE_BQ_VNNI_H
+#define PAGEDSERVE_BQ_VNNI_H
+
+#include "bq_portable.h"
+
+#if BQ_X86
+
+#define BQ_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#define BQ_INLINE static inline __attribute__((always_inline))
+
+/* Bits of each byte of v moved from position `from` to `to` (a constant per unrolled chunk),
+ * masked to `mask`: the 16-bit shifts bring in no bits from the neighbouring byte that the
+ * mask keeps, as long as from and to lie in 0..7. */
+BQ_INLINE BQ_VNNI __m512i vnni_bits(__m512i v, int from, int to, int mask) {
+    if (from > to) v = _mm512_srli_epi16(v, from - to);
+    if (from < to) v = _mm512_slli_epi16(v, to - from);
+    return _mm512_and_si512(v, _mm512_set1_epi8((char)mask));
+}
+
+/* Chunk c of the tile's codes as unsigned bytes (enum bq_codes `codes`). */
+BQ_INLINE BQ_VNNI __m512i vnni_codes(const uint8_t *tile, const int codes, const int c) {
+    if (codes == C_BYTES) return _mm512_loadu_si512(tile + c * BQ_CHUNK);
+    if (codes == C_LO2 || codes == C_LO2_HI1) {
+        const __m512i lo = vnni_bits(_mm512_loadu_si512(tile + (c / 4) * BQ_CHUNK), 2 * (c % 4), 0, 3);
+        if (codes == C_LO2) return lo;
+        return _mm512_or_si512(lo, vnni_bits(_mm512_loadu_si512(tile + 128), c, 2, 4));
+    }
+    const __m512i low = vnni_bits(_mm512_loadu_si512(tile + (c / 2) * BQ_CHUNK), 4 * (c % 2), 0, 15);
+    if (codes == C_NIB) return low;
+    if (codes == C_NIB_HI1)
+        return _mm512_or_si512(low, vnni_bits(_mm512_loadu_si512(tile + 256), c, 4, 16));
+    if (codes == C_NIB_HI2)
+        return _mm512_or_si512(
+            low, vnni_bits(_mm512_loadu_si512(tile + 256 + (c / 4) * BQ_CHUNK), 2 * (c % 4), 4, 48));
+    const __m128i book = _mm_add_epi8(_mm_loadu_si128((const __m128i *)BQ_CODEBOOK), _mm_set1_epi8(-128));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(book), low); /* C_BOOK: codebook + 128 */
+}
+
+/* D (and M) of sub-block h of tile t for the 16 lanes. */
+BQ_INLINE BQ_VNNI void vnni_scales(const bq_seg *s, int64_t g, int64_t t, int h, __m512 *D,
+                                   __m512 *M) {
+    const bq_layout *L = s->L;
+    const uint8_t *p = bq_scale_part(s, g, t * BQ_TILE / L->block);
+    const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h, subs = bq_subs(L);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    switch (L->scales) {
+    case S_D: *D = d; return;
+    case S_DM: *D = d; *M = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))); return;
+    case S_K_D: {
+        const __m128i sc = _mm_loadu_si128((const __m128i *)(p + 32 + 16 * j));
+        *D = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+        return;
+    }
+    default: {
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
+        __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * j))), m;
+        if (L->scales == S_K_DM) {
+            m = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * (subs + j))));
+        } else {
+            m = _mm512_srli_epi32(sc, 4);
+            sc = _mm512_and_si512(sc, _mm512_set1_epi32(15));
+        }
+        *D = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+        *M = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m)));
+    }
+    }
+}
+
+BQ_INLINE int32_t load_i32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+BQ_INLINE int64_t load_i64(const void *p) {
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* acc += the sub-block's dot (int32 lanes) as bq_kernel.h says. */
+BQ_INLINE BQ_VNNI __m512 vnni_apply(const bq_layout *L, __m512 acc, __m512i dot, __m512 D,
+                                    __m512 M, const bq_acts *xa, int64_t blk, int h, int halves) {
+    const int32_t sum = halves == 2 ? xa->s16[2 * blk + h] : xa->s16[2 * blk] + xa->s16[2 * blk + 1];
+    if (L->offset) dot = _mm512_add_epi32(dot, _mm512_set1_epi32(L->offset * sum));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(D, _mm512_set1_ps(xa->da[blk])), acc);
+    if (!L->offset) acc = _mm512_fmadd_ps(M, _mm512_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
+    return acc;
+}
+
+static inline __attribute__((always_inline)) BQ_VNNI void
+vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int nr,
+          float out[BQ_TILE_ROWS][BQ_GROUP], const int codes, const int wide) {
+    const bq_layout *L = s->L;
+    const int halves = (codes == C_NIB_HI2 || codes == C_LO2 || codes == C_LO2_HI1) ? 2 : 1;
+    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odds = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    __m512 acc[BQ_TILE_ROWS];
+    for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < s->tiles; t++) {
+        const uint8_t *tile = bq_tile(s, g, t);
+        for (int h = 0; h < halves; h++) {
+            __m512i dot[BQ_TILE_ROWS], hi[BQ_TILE_ROWS];
+            for (int r = 0; r < nr; r++) dot[r] = hi[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int c = h * 8 / halves; c < (h + 1) * 8 / halves; c++) {
+                const __m512i u = vnni_codes(tile, codes, c);
+                if (!wide) {
+                    for (int r = 0; r < nr; r++) {
+                        const int8_t *a = xa->qa + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
+                        dot[r] = _mm512_dpbusd_epi32(dot[r], u, _mm512_set1_epi32(load_i32(a)));
+                    }
+                } else {
+                    const __m512i ulo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(u));
+                    const __m512i uhi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(u, 1));
+                    for (int r = 0; r < nr; r++) {
+                        const int16_t *a = xa->qa16 + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
+                        const __m512i av = _mm512_set1_epi64(load_i64(a));
+                        dot[r] = _mm512_dpwssd_epi32(dot[r], ulo, av);
+                        hi[r] = _mm512_dpwssd_epi32(hi[r], uhi, av);
+                    }
+                }
+            }
+            __m512 D, M = _mm512_setzero_ps();
+            vnni_scales(s, g, t, h, &D, &M);
+            for (int r = 0; r < nr; r++) {
+                __m512i d = dot[r];
+                if (wide) /* lanes (output, input pair) -> output */
+                    d = _mm512_add_epi32(_mm512_permutex2var_epi32(dot[r], evens, hi[r]),
+                                         _mm512_permutex2var_epi32(dot[r], odds, hi[r]));
+                acc[r] = vnni_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t, h, halves);
+            }
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+/* One function per code layout and activation width, the row count a constant in each
+ * branch so that the accumulators stay in registers. */
+#define VNNI_TILE(codes, wide)                                                                  \
+    static BQ_VNNI void vnni_##codes##_##wide(const bq_seg *s, const bq_acts *xa, int64_t g,  \
+                                              int64_t r0, int nr,                              \
+                                              float out[BQ_TILE_ROWS][BQ_GROUP]) {             \
+        switch (nr) {                                                                           \
+        case 8: vnni_tile(s, xa, g, r0, 8, out, codes, wide); break;                           \
+        case 7: vnni_tile(s, xa, g, r0, 7, out, codes, wide); break;                           \
+        case 6: vnni_tile(s, xa, g, r0, 6, out, codes, wide); break;                           \
+        case 5: vnni_tile(s, xa, g, r0, 5, out, codes, wide); break;                           \
+        case 4: vnni_tile(s, xa, g, r0, 4, out, codes, wide); break;                           \
+        case 3: vnni_tile(s, xa, g, r0, 3, out, codes, wide); break;                           \
+        case 2: vnni_tile(s, xa, g, r0, 2, out, codes, wide); break;                           \
+        default: vnni_tile(s, xa, g, r0, 1, out, codes, wide); break;                          \
+        }                                                                                       \
+    }
+#define VNNI_TILES(codes) VNNI_TILE(codes, 0) VNNI_TILE(codes, 1)
+VNNI_TILES(C_NIB)
+VNNI_TILES(C_NIB_HI1)
+VNNI_TILES(C_NIB_HI2)
+VNNI_TILES(C_LO2)
+VNNI_TILES(C_LO2_HI1)
+VNNI_TILES(C_BYTES)
+VNNI_TILES(C_BOOK)
+
+#define VNNI_PICK(codes) case codes: return wide ? vnni_##codes##_1 : vnni_##codes##_0;
+
+static void (*vnni_tile_fn(const bq_layout *L, int wide))(const bq_seg *, const bq_acts *, int64_t,
+                                                          int64_t, int,
+                                                          float[BQ_TILE_ROWS][BQ_GROUP]) {
+    switch (L->codes) {
+    VNNI_PICK(C_NIB)
+    VNNI_PICK(C_NIB_HI1)
+    VNNI_PICK(C_NIB_HI2)
+    VNNI_PICK(C_LO2)
+    VNNI_PICK(C_LO2_HI1)
+    VNNI_PICK(C_BYTES)
+    default: return wide ? vnni_C_BOOK_1 : vnni_C_BOOK_0;
+    }
+}
+
+#endif
+#endif
