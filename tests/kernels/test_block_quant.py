@@ -70,8 +70,7 @@ def test_the_kernels_layout_table_is_the_files() -> None:
     for i in range(library.bq_layout_info(0, entry)):
         library.bq_layout_info(i, entry)
         table[entry[0]] = (entry[1], entry[2])
-    assert table == {t: (block, size) for t, (_, block, size) in GGUF_BLOCKS.items()
-                     if block > 1}
+    assert table == {t: (block, size) for t, (_, block, size) in GGUF_BLOCKS.items()}
     for type_id, (block, size) in table.items():
         assert tuple(gguf.GGML_QUANT_SIZES[T(type_id)]) == (block, size)
 
@@ -134,6 +133,23 @@ def test_every_type_matches_its_dequantization(path, qtype, rows) -> None:
 def test_int16_activations_match_closer(path, qtype) -> None:
     raw, weight = _weight(qtype, 21, _inputs(qtype), 3)
     _check(cpu_block_quant.with_path(path, "int16"), qtype, raw, weight, 9, 4, 16)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 33])
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_16_bit_weights_stay_16_bit(path, qtype, rows) -> None:
+    w = torch.randn(37, 96, generator=torch.Generator().manual_seed(rows))
+    stored = w.half() if qtype == T.F16 else w.bfloat16()
+    weight = from_gguf(int(qtype), stored.view(torch.uint8), (37, 96))
+    kernel = cpu_block_quant.with_path(path)
+    state = kernel.prepare(weight)
+    assert state.packed.numel() == 48 * 96 * 2  # 16 bits a weight, rows padded to 16
+    ids = torch.tensor([36, 0, 17, 17])
+    assert torch.equal(kernel.lookup(state, ids, torch.float32), stored.float()[ids])
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1))
+    exact = x.double() @ stored.double().T
+    y = kernel.linear(x, state, None)
+    torch.testing.assert_close(y.double(), exact, rtol=0, atol=1e-5 * float(exact.abs().max()))
 
 
 @pytest.mark.parametrize(("scheme", "inp"), [("int4", 31), ("int8", 40)])

@@ -14,9 +14,7 @@
  */
 #include <stdlib.h>
 
-#include "bq_portable.h"
-#include "bq_avx2.h"
-#include "bq_vnni.h"
+#include "bq_float16.h"
 
 #define CHUNK_ROWS 64
 
@@ -52,7 +50,7 @@ int64_t bq_layout_info(int64_t i, int64_t *out) {
  * that is not whole blocks. */
 int64_t bq_packed_bytes(int64_t type, int64_t rows, int64_t k) {
     const bq_layout *L = bq_find(type);
-    if (L == NULL || k <= 0 || k % L->block || rows <= 0) return -1;
+    if (L == NULL || k <= 0 || k % L->block || k % BQ_TILE || rows <= 0) return -1;
     const bq_seg s = bq_segment(L, NULL, k);
     return (rows + BQ_GROUP - 1) / BQ_GROUP * s.group_bytes;
 }
@@ -66,7 +64,10 @@ int64_t bq_repack(int64_t type, const uint8_t *src, int64_t src_stride, int64_t 
     const bq_seg s = bq_segment(L, dst, k);
     const int64_t groups = (rows + BQ_GROUP - 1) / BQ_GROUP;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t g = 0; g < groups; g++) bq_pack_group(&s, src, src_stride, rows, g);
+    for (int64_t g = 0; g < groups; g++) {
+        if (bq_is_float16(L)) bq_pack_group16(&s, src, src_stride, rows, g);
+        else bq_pack_group(&s, src, src_stride, rows, g);
+    }
     return 0;
 }
 
@@ -75,7 +76,10 @@ void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t k, const in
                         int64_t n, float *out, int64_t threads) {
     const bq_seg s = bq_segment(bq_find(type), packed, k);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t i = 0; i < n; i++) bq_dequantize_row(&s, ids[i], out + i * k);
+    for (int64_t i = 0; i < n; i++) {
+        if (bq_is_float16(s.L)) bq_dequantize_row16(&s, ids[i], out + i * k);
+        else bq_dequantize_row(&s, ids[i], out + i * k);
+    }
 }
 
 /* float -> float16 -> float, rounding to nearest even, for d >= 0. */
@@ -149,12 +153,15 @@ typedef void (*tile_fn)(const bq_seg *, const bq_acts *, int64_t, int64_t, int,
                         float[BQ_TILE_ROWS][BQ_GROUP]);
 
 static tile_fn pick_tile(int64_t path, const bq_layout *L, int wide) {
+    const int bf16 = L->codes == C_BF16;
 #if BQ_X86
+    if (path == PATH_VNNI && bq_is_float16(L)) return bf16 ? avx512_16_1 : avx512_16_0;
+    if (path == PATH_AVX2 && bq_is_float16(L)) return bf16 ? avx2_16_1 : avx2_16_0;
     if (path == PATH_VNNI) return vnni_tile_fn(L, wide);
     if (path == PATH_AVX2) return avx2_tile_fn(L, wide);
 #endif
-    (void)path, (void)L, (void)wide;
-    return tile_portable;
+    (void)path, (void)wide, (void)bf16;
+    return bq_is_float16(L) ? tile16_portable : tile_portable;
 }
 
 typedef struct {
@@ -174,8 +181,10 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
     const int wide = act_bits == 16;
     segment_run *runs = malloc((size_t)nseg * sizeof *runs);
     int64_t groups = 0;
+    int quantized = 0; /* whether any segment reads quantized activations */
     for (int64_t i = 0; i < nseg; i++) {
         const bq_layout *L = bq_find(segs[4 * i]);
+        quantized |= !bq_is_float16(L);
         runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad),
                                 pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
         groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
@@ -185,11 +194,11 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
     float *da = malloc((size_t)(rows * blocks) * sizeof(float));
     float *sx = malloc((size_t)(rows * blocks) * sizeof(float));
     int32_t *s16 = malloc((size_t)(rows * blocks * 2) * sizeof(int32_t));
-    const bq_acts xa = {qa, qa16, da, s16, sx, blocks};
+    const bq_acts xa = {qa, qa16, da, s16, sx, blocks, x, x_stride};
     /* A few rows (a decode step) are quantized before the threads start: a barrier between
      * the two phases costs a time slice whenever another process holds a core. */
-    const int split = rows >= CHUNK_ROWS;
-    if (!split)
+    const int split = quantized && rows >= CHUNK_ROWS;
+    if (quantized && !split)
         for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
 #pragma omp parallel num_threads(threads)
     {

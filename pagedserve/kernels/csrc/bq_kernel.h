@@ -32,6 +32,8 @@ typedef struct {
     const int32_t *s16;  /* rows x blocks x 2: the sums of the codes per 16 inputs */
     const float *sx;     /* rows x blocks: scale times sum, rounded as the legacy mins want */
     int64_t blocks;
+    const float *x;      /* the float rows themselves (16-bit weights read them) */
+    int64_t x_stride;
 } bq_acts;
 
 /* A tile's D and M per output lane, for each of its sub-blocks (one or two). */

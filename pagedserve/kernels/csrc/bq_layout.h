@@ -23,6 +23,9 @@
  *   1-bit plane (64 bytes): chunk c in bit c: Q5's bit 4, Q3_K's bit 2;
  *   bytes (512 bytes): chunk c in its 64 bytes c (Q8_0).
  *
+ * F16 and BF16 weights keep their 16 bits: a tile is 32 inputs x 16 outputs, input e's 16
+ * outputs at bytes 32 e (bq_float16.h).
+ *
  * A scale part holds, for the 16 outputs: float16 d[16] (legacy: D), then float16 m[16]
  * (legacy mins: M) or dmin[16] (K mins: M = -dmin m), then per sub-block 16 integer scales
  * (int8 for the K types with a fixed offset, uint8 with mins), then per sub-block 16 uint8
@@ -48,6 +51,8 @@ enum bq_codes {
     C_LO2_HI1,  /* 0..7: 2-bit plane, 1-bit plane for bit 2 */
     C_BYTES,    /* 0..255: bytes */
     C_BOOK,     /* a nibble plane of codebook indices, u = codebook[index] + 128 */
+    C_F16,      /* float16 weights as they are (bq_float16.h) */
+    C_BF16,     /* bfloat16 weights as they are */
 };
 
 enum bq_scales {
@@ -56,6 +61,7 @@ enum bq_scales {
     S_K_D,   /* float16 d per block, int8 scale per sub-block, fixed offset */
     S_K_DM,  /* float16 d and dmin per block, uint8 scale and min per sub-block */
     S_K_DM4, /* as S_K_DM, scale and min 4 bits each in one byte */
+    S_NONE,  /* 16-bit float weights */
 };
 
 typedef struct {
@@ -82,6 +88,8 @@ static const bq_layout BQ_LAYOUTS[] = {
     {14, "Q6_K", 256, 210, 16, C_NIB_HI2, S_K_D, -32},
     {20, "IQ4_NL", 32, 18, 32, C_BOOK, S_D, -128},
     {23, "IQ4_XS", 256, 136, 32, C_BOOK, S_K_D, -128},
+    {1, "F16", 1, 2, 32, C_F16, S_NONE, 0},
+    {30, "BF16", 1, 2, 32, C_BF16, S_NONE, 0},
 };
 #define BQ_NUM_LAYOUTS ((int)(sizeof BQ_LAYOUTS / sizeof BQ_LAYOUTS[0]))
 
@@ -95,12 +103,14 @@ static inline const bq_layout *bq_find(int64_t type) {
     return NULL;
 }
 
+static inline int bq_is_float16(const bq_layout *L) { return L->scales == S_NONE; }
 static inline int bq_subs(const bq_layout *L) { return L->block / L->sub; }
 static inline int bq_has_mins(const bq_layout *L) { return L->offset == 0; }
 
 /* Bytes of one group's scale part per file block. */
 static inline int64_t bq_scale_bytes(const bq_layout *L) {
     switch (L->scales) {
+    case S_NONE: return 0;
     case S_D: return 32;
     case S_DM: return 64;
     case S_K_D: return 32 + 16 * bq_subs(L);
@@ -115,6 +125,7 @@ static inline int64_t bq_low_plane_bytes(const bq_layout *L) {
 }
 
 static inline int64_t bq_tile_bytes(const bq_layout *L) {
+    if (bq_is_float16(L)) return 2 * BQ_TILE * BQ_GROUP; /* input e's 16 outputs at 32 e */
     const int64_t high = L->codes == C_NIB_HI2 ? 128
                          : (L->codes == C_NIB_HI1 || L->codes == C_LO2_HI1) ? 64 : 0;
     return bq_low_plane_bytes(L) + high;
