@@ -100,52 +100,51 @@ static float round_f16(float d) {
     return out > 65504.0f ? 65504.0f : out;
 }
 
-/* Rounds half to even, as the vector units do; |v| < offset, a power of two, so v + offset is
- * positive and truncation rounds it down. */
-static inline int32_t round_even(float v, float offset) {
-    const float shifted = v + offset;
-    int32_t whole = (int32_t)shifted;
-    const float frac = shifted - (float)whole;
-    whole += frac > 0.5f || (frac == 0.5f && (whole & 1));
-    return whole - (int32_t)offset;
-}
-
-/* Block b of row x[0:k] into vals (zero past k); returns its largest magnitude. */
-static inline float load_block(const float *x, int64_t k, int64_t b, float vals[BQ_TILE]) {
-    float amax = 0.0f;
-    for (int j = 0; j < BQ_TILE; j++) {
-        const int64_t i = b * BQ_TILE + j;
-        vals[j] = i < k ? x[i] : 0.0f;
-        const float a = vals[j] < 0 ? -vals[j] : vals[j];
-        amax = a > amax ? a : amax;
-    }
-    return amax;
-}
-
-/* Row r of x into the activations (module doc of bq_kernel.h). */
+/* Row r of x into the activations (module doc of bq_kernel.h). rintf rounds half to even
+ * (the default rounding mode) and vectorises; the clones for AVX2 and AVX-512 compute the
+ * same values as the baseline's, one IEEE operation at a time. */
+#if BQ_X86
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r) {
     const int wide = xa->qa16 != NULL;
-    const float top = wide ? 32767.0f : 127.0f, offset = wide ? 32768.0f : 128.0f;
+    const float top = wide ? 32767.0f : 127.0f;
+    int8_t *qa = (int8_t *)xa->qa + r * xa->blocks * BQ_TILE;
+    int16_t *qa16 = (int16_t *)xa->qa16 + r * xa->blocks * BQ_TILE;
     for (int64_t b = 0; b < xa->blocks; b++) {
         const int64_t blk = r * xa->blocks + b;
         float vals[BQ_TILE];
-        const float amax = load_block(x, k, b, vals);
-        const float d = amax / top, inv = amax > 0 ? top / amax : 0.0f;
-        int32_t sums[2] = {0, 0};
-        for (int j = 0; j < BQ_TILE; j++) {
-            int32_t q = round_even(vals[j] * inv, offset);
-            q = q > (int32_t)top ? (int32_t)top : (q < -(int32_t)top ? -(int32_t)top : q);
-            sums[j / 16] += q;
-            if (wide) ((int16_t *)xa->qa16)[blk * BQ_TILE + j] = (int16_t)q;
-            else ((int8_t *)xa->qa)[blk * BQ_TILE + j] = (int8_t)q;
+        uint32_t top_bits = 0; /* of the largest magnitude: integer order is float order */
+        if ((b + 1) * BQ_TILE <= k) {
+            memcpy(vals, x + b * BQ_TILE, sizeof vals);
+        } else { /* the last block, zero past k */
+            for (int j = 0; j < BQ_TILE; j++) vals[j] = b * BQ_TILE + j < k ? x[b * BQ_TILE + j] : 0.0f;
         }
+        for (int j = 0; j < BQ_TILE; j++) {
+            uint32_t bits;
+            memcpy(&bits, &vals[j], sizeof bits);
+            bits &= 0x7fffffffu;
+            top_bits = bits > top_bits ? bits : top_bits;
+        }
+        float amax;
+        memcpy(&amax, &top_bits, sizeof amax);
+        const float d = amax / top, inv = amax > 0 ? top / amax : 0.0f;
+        int32_t q[BQ_TILE], sums[2] = {0, 0};
+        for (int j = 0; j < BQ_TILE; j++) q[j] = (int32_t)__builtin_rintf(vals[j] * inv);
+        for (int j = 0; j < BQ_TILE / 2; j++) {
+            sums[0] += q[j];
+            sums[1] += q[j + BQ_TILE / 2];
+        }
+        if (wide)
+            for (int j = 0; j < BQ_TILE; j++) qa16[b * BQ_TILE + j] = (int16_t)q[j];
+        else
+            for (int j = 0; j < BQ_TILE; j++) qa[b * BQ_TILE + j] = (int8_t)q[j];
         ((int32_t *)xa->s16)[2 * blk] = sums[0];
         ((int32_t *)xa->s16)[2 * blk + 1] = sums[1];
-        const float scale = wide ? d : round_f16(d);
-        ((float *)xa->da)[blk] = scale;
+        ((float *)xa->da)[blk] = wide ? d : round_f16(d);
         /* GGUF's Q8_1 keeps d * sum in float16 */
-        const float s = d * (float)(sums[0] + sums[1]);
-        ((float *)xa->sx)[blk] = wide ? s : (s < 0 ? -round_f16(-s) : round_f16(s));
+        const float sum = d * (float)(sums[0] + sums[1]);
+        ((float *)xa->sx)[blk] = wide ? sum : (sum < 0 ? -round_f16(-sum) : round_f16(sum));
     }
 }
 

@@ -106,15 +106,19 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
     for (int64_t t = 0; t < s->tiles; t++) {
         const uint8_t *tile = bq_tile(s, g, t);
         for (int h = 0; h < halves; h++) {
-            __m512i dot[BQ_TILE_ROWS], hi[BQ_TILE_ROWS];
-            for (int r = 0; r < nr; r++) dot[r] = hi[r] = _mm512_setzero_si512();
+            /* few rows: even and odd chunks in two sums, so that the dot products of one row
+             * are not one chain of dependent instructions */
+            __m512i dot[BQ_TILE_ROWS], hi[BQ_TILE_ROWS], odd[BQ_TILE_ROWS];
+            for (int r = 0; r < nr; r++) dot[r] = hi[r] = odd[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int c = h * 8 / halves; c < (h + 1) * 8 / halves; c++) {
                 const __m512i u = vnni_codes(tile, codes, c);
                 if (!wide) {
                     for (int r = 0; r < nr; r++) {
                         const int8_t *a = xa->qa + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
-                        dot[r] = _mm512_dpbusd_epi32(dot[r], u, _mm512_set1_epi32(load_i32(a)));
+                        const __m512i av = _mm512_set1_epi32(load_i32(a));
+                        if (nr <= 2 && c % 2) odd[r] = _mm512_dpbusd_epi32(odd[r], u, av);
+                        else dot[r] = _mm512_dpbusd_epi32(dot[r], u, av);
                     }
                 } else {
                     const __m512i ulo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(u));
@@ -130,7 +134,7 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
             __m512 D, M = _mm512_setzero_ps();
             vnni_scales(s, g, t, h, &D, &M);
             for (int r = 0; r < nr; r++) {
-                __m512i d = dot[r];
+                __m512i d = nr <= 2 && !wide ? _mm512_add_epi32(dot[r], odd[r]) : dot[r];
                 if (wide) /* lanes (output, input pair) -> output */
                     d = _mm512_add_epi32(_mm512_permutex2var_epi32(dot[r], evens, hi[r]),
                                          _mm512_permutex2var_epi32(dot[r], odds, hi[r]));
