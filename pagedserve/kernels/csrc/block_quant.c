@@ -148,16 +148,15 @@ static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r
     }
 }
 
-typedef void (*tile_fn)(const bq_seg *, const bq_acts *, int64_t, int64_t, int,
-                        float[BQ_TILE_ROWS][BQ_GROUP]);
+typedef bq_tile_fn tile_fn;
 
 static tile_fn pick_tile(int64_t path, const bq_layout *L, int wide) {
     const int bf16 = L->codes == C_BF16;
 #if BQ_X86
     if (path == PATH_VNNI && bq_is_float16(L)) return bf16 ? avx512_16_1 : avx512_16_0;
     if (path == PATH_AVX2 && bq_is_float16(L)) return bf16 ? avx2_16_1 : avx2_16_0;
-    if (path == PATH_VNNI) return vnni_tile_fn(L, wide);
-    if (path == PATH_AVX2) return avx2_tile_fn(L, wide);
+    if (path == PATH_VNNI) return VNNI_TILES[L - BQ_LAYOUTS][wide];
+    if (path == PATH_AVX2) return AVX2_TILES[L - BQ_LAYOUTS][wide];
 #endif
     (void)path, (void)wide, (void)bf16;
     return bq_is_float16(L) ? tile16_portable : tile_portable;

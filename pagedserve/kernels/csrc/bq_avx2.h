@@ -48,9 +48,8 @@ BQ_INLINE BQ_AVX2 __m256i avx2_codes(const uint8_t *tile, const int codes, const
 }
 
 /* D (and M) of sub-block h of tile t for the 8 lanes of half x. */
-BQ_INLINE BQ_AVX2 void avx2_scales(const bq_seg *s, int64_t g, int64_t t, int h, int x, __m256 *D,
-                                   __m256 *M) {
-    const bq_layout *L = s->L;
+BQ_INLINE BQ_AVX2 void avx2_scales(const bq_layout *L, const bq_seg *s, int64_t g, int64_t t,
+                                   int h, int x, __m256 *D, __m256 *M) {
     const uint8_t *p = bq_scale_part(s, g, t * BQ_TILE / L->block);
     const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h, subs = bq_subs(L);
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * x)));
@@ -99,8 +98,9 @@ BQ_INLINE BQ_AVX2 void avx2_dot16(__m256i u, int is_signed, const int16_t *a, __
 
 static inline __attribute__((always_inline)) BQ_AVX2 void
 avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int nr,
-          float out[BQ_TILE_ROWS][BQ_GROUP], int row_at, const int codes, const int wide) {
-    const bq_layout *L = s->L;
+          float (*out)[BQ_GROUP], const int li, const int wide) {
+    const bq_layout *L = &BQ_LAYOUTS[li];
+    const int codes = L->codes;
     const int halves = (codes == C_NIB_HI2 || codes == C_LO2 || codes == C_LO2_HI1) ? 2 : 1;
     const int is_signed = codes == C_BYTES || codes == C_BOOK;
     const int offset = is_signed ? 0 : L->offset;
@@ -124,7 +124,7 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                         const __m256i u = avx2_codes(tile, codes, c, x);
                         const __m256i mag = is_signed ? _mm256_abs_epi8(u) : u;
                         for (int r = 0; r < nr; r++) {
-                            const int64_t blk = (r0 + row_at + r) * xa->blocks + t;
+                            const int64_t blk = (r0 + r) * xa->blocks + t;
                             if (wide) {
                                 avx2_dot16(u, is_signed, xa->qa16 + blk * BQ_TILE + 4 * c, &dot[r], &hi[r]);
                                 continue;
@@ -139,57 +139,45 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                             dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sum16[r], ones));
                 }
                 __m256 D, M = _mm256_setzero_ps();
-                avx2_scales(s, g, t, h, x, &D, &M);
+                avx2_scales(L, s, g, t, h, x, &D, &M);
                 for (int r = 0; r < nr; r++) {
                     __m256i d = dot[r];
                     if (wide) /* (output, pair) lanes -> outputs 0-7 */
                         d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
-                    acc[r] = avx2_apply(L, acc[r], d, D, M, xa, (r0 + row_at + r) * xa->blocks + t,
+                    acc[r] = avx2_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t,
                                         h, halves, offset);
                 }
             }
         }
-        for (int r = 0; r < nr; r++) _mm256_storeu_ps(out[row_at + r] + 8 * x, acc[r]);
+        for (int r = 0; r < nr; r++) _mm256_storeu_ps(out[r] + 8 * x, acc[r]);
     }
 }
 
-#define AVX2_TILE(codes, wide)                                                                  \
-    static BQ_AVX2 void avx2_##codes##_##wide(const bq_seg *s, const bq_acts *xa, int64_t g,  \
-                                              int64_t r0, int nr,                              \
-                                              float out[BQ_TILE_ROWS][BQ_GROUP]) {             \
-        for (int at = 0; at < nr; at += AVX2_ROWS) {                                            \
-            switch (nr - at) {                                                                  \
-            case 1: avx2_tile(s, xa, g, r0, 1, out, at, codes, wide); break;                   \
-            case 2: avx2_tile(s, xa, g, r0, 2, out, at, codes, wide); break;                   \
-            case 3: avx2_tile(s, xa, g, r0, 3, out, at, codes, wide); break;                   \
-            default: avx2_tile(s, xa, g, r0, 4, out, at, codes, wide); break;                  \
-            }                                                                                   \
-        }                                                                                       \
-    }
-#define AVX2_TILES(codes) AVX2_TILE(codes, 0) AVX2_TILE(codes, 1)
-AVX2_TILES(C_NIB)
-AVX2_TILES(C_NIB_HI1)
-AVX2_TILES(C_NIB_HI2)
-AVX2_TILES(C_LO2)
-AVX2_TILES(C_LO2_HI1)
-AVX2_TILES(C_BYTES)
-AVX2_TILES(C_BOOK)
-
-#define AVX2_PICK(codes) case codes: return wide ? avx2_##codes##_1 : avx2_##codes##_0;
-
-static void (*avx2_tile_fn(const bq_layout *L, int wide))(const bq_seg *, const bq_acts *, int64_t,
-                                                          int64_t, int,
-                                                          float[BQ_TILE_ROWS][BQ_GROUP]) {
-    switch (L->codes) {
-    AVX2_PICK(C_NIB)
-    AVX2_PICK(C_NIB_HI1)
-    AVX2_PICK(C_NIB_HI2)
-    AVX2_PICK(C_LO2)
-    AVX2_PICK(C_LO2_HI1)
-    AVX2_PICK(C_BYTES)
-    default: return wide ? avx2_C_BOOK_1 : avx2_C_BOOK_0;
-    }
+BQ_INLINE BQ_AVX2 void avx2_rows(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0,
+                                 int nr, float (*out)[BQ_GROUP], const int li, const int wide) {
+    int at = 0;
+    while (nr - at >= 4) { avx2_tile(s, xa, g, r0 + at, 4, out + at, li, wide); at += 4; }
+    if (nr - at >= 2) { avx2_tile(s, xa, g, r0 + at, 2, out + at, li, wide); at += 2; }
+    if (nr - at >= 1) avx2_tile(s, xa, g, r0 + at, 1, out + at, li, wide);
 }
+
+#define AVX2_TYPE(li)                                                                           \
+    static BQ_AVX2 void avx2_##li##_0(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, \
+                                      int nr, float (*out)[BQ_GROUP]) {                         \
+        avx2_rows(s, xa, g, r0, nr, out, li, 0);                                                \
+    }                                                                                           \
+    static BQ_AVX2 void avx2_##li##_1(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, \
+                                      int nr, float (*out)[BQ_GROUP]) {                         \
+        avx2_rows(s, xa, g, r0, nr, out, li, 1);                                                \
+    }
+AVX2_TYPE(0) AVX2_TYPE(1) AVX2_TYPE(2) AVX2_TYPE(3) AVX2_TYPE(4) AVX2_TYPE(5)
+AVX2_TYPE(6) AVX2_TYPE(7) AVX2_TYPE(8) AVX2_TYPE(9) AVX2_TYPE(10) AVX2_TYPE(11)
+
+static const bq_tile_fn AVX2_TILES[12][2] = {
+    {avx2_0_0, avx2_0_1}, {avx2_1_0, avx2_1_1}, {avx2_2_0, avx2_2_1}, {avx2_3_0, avx2_3_1},
+    {avx2_4_0, avx2_4_1}, {avx2_5_0, avx2_5_1}, {avx2_6_0, avx2_6_1}, {avx2_7_0, avx2_7_1},
+    {avx2_8_0, avx2_8_1}, {avx2_9_0, avx2_9_1}, {avx2_10_0, avx2_10_1}, {avx2_11_0, avx2_11_1},
+};
 
 #endif
 #endif

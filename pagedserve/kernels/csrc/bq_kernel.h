@@ -36,6 +36,10 @@ typedef struct {
     int64_t x_stride;
 } bq_acts;
 
+/* out[r] = outputs 16 g .. 16 g + 15 of activation rows r0 + r, r < nr <= BQ_TILE_ROWS. */
+typedef void (*bq_tile_fn)(const bq_seg *, const bq_acts *, int64_t g, int64_t r0, int nr,
+                           float (*out)[BQ_GROUP]);
+
 /* A tile's D and M per output lane, for each of its sub-blocks (one or two). */
 typedef struct {
     float D[2][BQ_GROUP], M[2][BQ_GROUP];

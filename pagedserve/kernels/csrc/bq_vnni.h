@@ -43,9 +43,8 @@ BQ_INLINE BQ_VNNI __m512i vnni_codes(const uint8_t *tile, const int codes, const
 }
 
 /* D (and M) of sub-block h of tile t for the 16 lanes. */
-BQ_INLINE BQ_VNNI void vnni_scales(const bq_seg *s, int64_t g, int64_t t, int h, __m512 *D,
-                                   __m512 *M) {
-    const bq_layout *L = s->L;
+BQ_INLINE BQ_VNNI void vnni_scales(const bq_layout *L, const bq_seg *s, int64_t g, int64_t t,
+                                   int h, __m512 *D, __m512 *M) {
     const uint8_t *p = bq_scale_part(s, g, t * BQ_TILE / L->block);
     const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h, subs = bq_subs(L);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
@@ -94,10 +93,13 @@ BQ_INLINE BQ_VNNI __m512 vnni_apply(const bq_layout *L, __m512 acc, __m512i dot,
     return acc;
 }
 
+/* li: the layout's index in BQ_LAYOUTS, a constant in every instance, so that its fields
+ * fold into the code. */
 static inline __attribute__((always_inline)) BQ_VNNI void
 vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int nr,
-          float out[BQ_TILE_ROWS][BQ_GROUP], const int codes, const int wide) {
-    const bq_layout *L = s->L;
+          float (*out)[BQ_GROUP], const int li, const int wide) {
+    const bq_layout *L = &BQ_LAYOUTS[li];
+    const int codes = L->codes;
     const int halves = (codes == C_NIB_HI2 || codes == C_LO2 || codes == C_LO2_HI1) ? 2 : 1;
     const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odds = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
@@ -132,7 +134,7 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 }
             }
             __m512 D, M = _mm512_setzero_ps();
-            vnni_scales(s, g, t, h, &D, &M);
+            vnni_scales(L, s, g, t, h, &D, &M);
             for (int r = 0; r < nr; r++) {
                 __m512i d = nr <= 2 && !wide ? _mm512_add_epi32(dot[r], odd[r]) : dot[r];
                 if (wide) /* lanes (output, input pair) -> output */
@@ -145,47 +147,35 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
     for (int r = 0; r < nr; r++) _mm512_storeu_ps(out[r], acc[r]);
 }
 
-/* One function per code layout and activation width, the row count a constant in each
- * branch so that the accumulators stay in registers. */
-#define VNNI_TILE(codes, wide)                                                                  \
-    static BQ_VNNI void vnni_##codes##_##wide(const bq_seg *s, const bq_acts *xa, int64_t g,  \
-                                              int64_t r0, int nr,                              \
-                                              float out[BQ_TILE_ROWS][BQ_GROUP]) {             \
-        switch (nr) {                                                                           \
-        case 8: vnni_tile(s, xa, g, r0, 8, out, codes, wide); break;                           \
-        case 7: vnni_tile(s, xa, g, r0, 7, out, codes, wide); break;                           \
-        case 6: vnni_tile(s, xa, g, r0, 6, out, codes, wide); break;                           \
-        case 5: vnni_tile(s, xa, g, r0, 5, out, codes, wide); break;                           \
-        case 4: vnni_tile(s, xa, g, r0, 4, out, codes, wide); break;                           \
-        case 3: vnni_tile(s, xa, g, r0, 3, out, codes, wide); break;                           \
-        case 2: vnni_tile(s, xa, g, r0, 2, out, codes, wide); break;                           \
-        default: vnni_tile(s, xa, g, r0, 1, out, codes, wide); break;                          \
-        }                                                                                       \
-    }
-#define VNNI_TILES(codes) VNNI_TILE(codes, 0) VNNI_TILE(codes, 1)
-VNNI_TILES(C_NIB)
-VNNI_TILES(C_NIB_HI1)
-VNNI_TILES(C_NIB_HI2)
-VNNI_TILES(C_LO2)
-VNNI_TILES(C_LO2_HI1)
-VNNI_TILES(C_BYTES)
-VNNI_TILES(C_BOOK)
-
-#define VNNI_PICK(codes) case codes: return wide ? vnni_##codes##_1 : vnni_##codes##_0;
-
-static void (*vnni_tile_fn(const bq_layout *L, int wide))(const bq_seg *, const bq_acts *, int64_t,
-                                                          int64_t, int,
-                                                          float[BQ_TILE_ROWS][BQ_GROUP]) {
-    switch (L->codes) {
-    VNNI_PICK(C_NIB)
-    VNNI_PICK(C_NIB_HI1)
-    VNNI_PICK(C_NIB_HI2)
-    VNNI_PICK(C_LO2)
-    VNNI_PICK(C_LO2_HI1)
-    VNNI_PICK(C_BYTES)
-    default: return wide ? vnni_C_BOOK_1 : vnni_C_BOOK_0;
-    }
+/* Rows in tiles of 8, 4, 2 and 1 (int16 activations: 4 and 1), each row count a constant so
+ * that the accumulators stay in registers. */
+BQ_INLINE BQ_VNNI void vnni_rows(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0,
+                                 int nr, float (*out)[BQ_GROUP], const int li, const int wide) {
+    int at = 0;
+    if (!wide && nr - at >= 8) { vnni_tile(s, xa, g, r0 + at, 8, out + at, li, 0); at += 8; }
+    while (nr - at >= 4) { vnni_tile(s, xa, g, r0 + at, 4, out + at, li, wide); at += 4; }
+    if (!wide && nr - at >= 2) { vnni_tile(s, xa, g, r0 + at, 2, out + at, li, 0); at += 2; }
+    while (nr - at >= 1) { vnni_tile(s, xa, g, r0 + at, 1, out + at, li, wide); at += 1; }
 }
+
+#define VNNI_TYPE(li)                                                                           \
+    static BQ_VNNI void vnni_##li##_0(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, \
+                                      int nr, float (*out)[BQ_GROUP]) {                         \
+        vnni_rows(s, xa, g, r0, nr, out, li, 0);                                                \
+    }                                                                                           \
+    static BQ_VNNI void vnni_##li##_1(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, \
+                                      int nr, float (*out)[BQ_GROUP]) {                         \
+        vnni_rows(s, xa, g, r0, nr, out, li, 1);                                                \
+    }
+VNNI_TYPE(0) VNNI_TYPE(1) VNNI_TYPE(2) VNNI_TYPE(3) VNNI_TYPE(4) VNNI_TYPE(5)
+VNNI_TYPE(6) VNNI_TYPE(7) VNNI_TYPE(8) VNNI_TYPE(9) VNNI_TYPE(10) VNNI_TYPE(11)
+
+/* By layout index (the block types: the first 12 of BQ_LAYOUTS) and activation width. */
+static const bq_tile_fn VNNI_TILES[12][2] = {
+    {vnni_0_0, vnni_0_1}, {vnni_1_0, vnni_1_1}, {vnni_2_0, vnni_2_1}, {vnni_3_0, vnni_3_1},
+    {vnni_4_0, vnni_4_1}, {vnni_5_0, vnni_5_1}, {vnni_6_0, vnni_6_1}, {vnni_7_0, vnni_7_1},
+    {vnni_8_0, vnni_8_1}, {vnni_9_0, vnni_9_1}, {vnni_10_0, vnni_10_1}, {vnni_11_0, vnni_11_1},
+};
 
 #endif
 #endif
