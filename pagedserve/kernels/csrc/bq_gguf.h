@@ -40,12 +40,19 @@ static void read_k_scales(const uint8_t *q, uint8_t *sc, uint8_t *m) {
 
 /* 256 nibbles in four runs of 64 elements: 32 bytes, the low nibbles then the high ones. */
 static void read_k_nibbles(const uint8_t *qs, uint8_t *u) {
-    for (int e = 0; e < 256; e++) u[e] = (qs[(e / 64) * 32 + e % 32] >> (4 * ((e % 64) / 32))) & 15;
+    for (int run = 0; run < 4; run++)
+        for (int l = 0; l < 32; l++) {
+            u[64 * run + l] = qs[32 * run + l] & 15;
+            u[64 * run + 32 + l] = qs[32 * run + l] >> 4;
+        }
 }
 
 /* 256 2-bit codes in two runs of 128: 32 bytes, four 2-bit fields each. */
 static void read_k_crumbs(const uint8_t *qs, uint8_t *u) {
-    for (int e = 0; e < 256; e++) u[e] = (qs[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+    for (int run = 0; run < 2; run++)
+        for (int shift = 0; shift < 4; shift++)
+            for (int l = 0; l < 32; l++)
+                u[128 * run + 32 * shift + l] = (qs[32 * run + l] >> (2 * shift)) & 3;
 }
 
 static void read_q2_k(const uint8_t *b, bq_block *o) {
@@ -57,7 +64,8 @@ static void read_q2_k(const uint8_t *b, bq_block *o) {
 
 static void read_q3_k(const uint8_t *b, bq_block *o) {
     read_k_crumbs(b + 32, o->u);
-    for (int e = 0; e < 256; e++) o->u[e] |= (uint8_t)(((b[e % 32] >> (e / 32)) & 1) << 2);
+    for (int bit = 0; bit < 8; bit++)
+        for (int l = 0; l < 32; l++) o->u[32 * bit + l] |= (uint8_t)(((b[l] >> bit) & 1) << 2);
     const uint8_t *s = b + 96;
     for (int i = 0; i < 16; i++) {
         const int low = (s[i % 8] >> (4 * (i / 8))) & 15, high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
@@ -71,15 +79,19 @@ static void read_q5_k(const uint8_t *b, bq_block *o) {
     o->dmin = bq_load_u16(b + 2);
     read_k_scales(b + 4, o->sc, o->m);
     read_k_nibbles(b + 48, o->u);
-    for (int e = 0; e < 256; e++) o->u[e] |= (uint8_t)(((b[16 + e % 32] >> (e / 32)) & 1) << 4);
+    for (int bit = 0; bit < 8; bit++)
+        for (int l = 0; l < 32; l++) o->u[32 * bit + l] |= (uint8_t)(((b[16 + l] >> bit) & 1) << 4);
 }
 
 static void read_q6_k(const uint8_t *b, bq_block *o) {
-    for (int e = 0; e < 256; e++) {
-        const int h = e / 128, r = e % 128;
-        const int low = (b[h * 64 + r % 64] >> (4 * (r / 64))) & 15;
-        const int high = (b[128 + h * 32 + r % 32] >> (2 * (r / 32))) & 3;
-        o->u[e] = (uint8_t)(low | (high << 4));
+    for (int h = 0; h < 2; h++) {
+        for (int l = 0; l < 64; l++) {
+            o->u[128 * h + l] = b[64 * h + l] & 15;
+            o->u[128 * h + 64 + l] = b[64 * h + l] >> 4;
+        }
+        for (int shift = 0; shift < 4; shift++)
+            for (int l = 0; l < 32; l++)
+                o->u[128 * h + 32 * shift + l] |= (uint8_t)(((b[128 + 32 * h + l] >> (2 * shift)) & 3) << 4);
     }
     memcpy(o->sc, b + 192, 16);
     o->d = bq_load_u16(b + 208);
@@ -95,8 +107,11 @@ static void read_iq4_xs(const uint8_t *b, bq_block *o) {
     }
 }
 
+/* Inlined into the packer's clones, so that each is vectorised for its target. */
+#define BQ_PACK_INLINE static inline __attribute__((always_inline))
+
 /* File block `b` of layout L into `o`. */
-static void bq_read_block(const bq_layout *L, const uint8_t *b, bq_block *o) {
+BQ_PACK_INLINE void bq_read_block(const bq_layout *L, const uint8_t *b, bq_block *o) {
     switch (L->type) {
     case 2: case 20: o->d = bq_load_u16(b); read_nibbles32(b + 2, o->u); break;   /* Q4_0, IQ4_NL */
     case 3: o->d = bq_load_u16(b); o->dmin = bq_load_u16(b + 2); read_nibbles32(b + 4, o->u); break;
@@ -125,26 +140,36 @@ static void bq_read_block(const bq_layout *L, const uint8_t *b, bq_block *o) {
     }
 }
 
-/* Writes code u of output o, input e (of the group's file block) into the tile planes. */
-static void pack_code(const bq_layout *L, uint8_t *tile, int o, int e, uint8_t u) {
-    const int c = (e % BQ_TILE) / 4, i = 4 * o + e % 4;
+/* The tile planes from its 8 chunks of codes (chunk c: byte 4 o + j is output o, input
+ * 4 c + j), each plane written 64 bytes at a time. */
+BQ_PACK_INLINE void pack_tile(const bq_layout *L, uint8_t chunks[8][BQ_CHUNK], uint8_t *tile) {
     uint8_t *high = tile + bq_low_plane_bytes(L);
-    switch (L->codes) {
-    case C_BYTES: tile[c * BQ_CHUNK + i] = u; return;
-    case C_LO2: case C_LO2_HI1:
-        tile[(c / 4) * BQ_CHUNK + i] |= (uint8_t)((u & 3) << (2 * (c % 4)));
-        if (L->codes == C_LO2_HI1) high[i] |= (uint8_t)(((u >> 2) & 1) << c);
-        return;
-    default:
-        tile[(c / 2) * BQ_CHUNK + i] |= (uint8_t)((u & 15) << (4 * (c % 2)));
-        if (L->codes == C_NIB_HI1) high[i] |= (uint8_t)(((u >> 4) & 1) << c);
-        if (L->codes == C_NIB_HI2) high[(c / 4) * BQ_CHUNK + i] |= (uint8_t)(((u >> 4) & 3) << (2 * (c % 4)));
-        return;
+    for (int c = 0; c < 8; c++) {
+        const uint8_t *u = chunks[c];
+        if (L->codes == C_BYTES) {
+            memcpy(tile + c * BQ_CHUNK, u, BQ_CHUNK);
+            continue;
+        }
+        if (L->codes == C_LO2 || L->codes == C_LO2_HI1) {
+            uint8_t *lo = tile + (c / 4) * BQ_CHUNK;
+            for (int i = 0; i < BQ_CHUNK; i++) lo[i] |= (uint8_t)((u[i] & 3) << (2 * (c % 4)));
+            if (L->codes == C_LO2_HI1)
+                for (int i = 0; i < BQ_CHUNK; i++) high[i] |= (uint8_t)(((u[i] >> 2) & 1) << c);
+            continue;
+        }
+        uint8_t *nib = tile + (c / 2) * BQ_CHUNK;
+        for (int i = 0; i < BQ_CHUNK; i++) nib[i] |= (uint8_t)((u[i] & 15) << (4 * (c % 2)));
+        if (L->codes == C_NIB_HI1)
+            for (int i = 0; i < BQ_CHUNK; i++) high[i] |= (uint8_t)(((u[i] >> 4) & 1) << c);
+        if (L->codes == C_NIB_HI2) {
+            uint8_t *h2 = high + (c / 4) * BQ_CHUNK;
+            for (int i = 0; i < BQ_CHUNK; i++) h2[i] |= (uint8_t)(((u[i] >> 4) & 3) << (2 * (c % 4)));
+        }
     }
 }
 
 /* The scale part of one file block for the 16 outputs' blocks. */
-static void pack_scales(const bq_layout *L, const bq_block *blk, uint8_t *p) {
+BQ_PACK_INLINE void pack_scales(const bq_layout *L, const bq_block *blk, uint8_t *p) {
     const int subs = bq_subs(L);
     for (int o = 0; o < BQ_GROUP; o++) {
         memcpy(p + 2 * o, &blk[o].d, 2);
@@ -159,6 +184,9 @@ static void pack_scales(const bq_layout *L, const bq_block *blk, uint8_t *p) {
 
 /* Packs group g (rows 16 g .. 16 g + 15; rows past `rows` are zero) of a weight whose row r
  * starts at src + r * src_stride, as ggml stores it. */
+#if defined(__x86_64__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 static void bq_pack_group(const bq_seg *s, const uint8_t *src, int64_t src_stride, int64_t rows,
                           int64_t g) {
     const bq_layout *L = s->L;
@@ -174,10 +202,11 @@ static void bq_pack_group(const bq_seg *s, const uint8_t *src, int64_t src_strid
         }
         pack_scales(L, blk, group + b * bq_scale_bytes(L));
         for (int64_t t = 0; t < tiles_per_block; t++) {
-            uint8_t *tile = (uint8_t *)bq_tile(s, g, b * tiles_per_block + t);
-            for (int o = 0; o < BQ_GROUP; o++)
-                for (int e = 0; e < BQ_TILE; e++)
-                    pack_code(L, tile, o, e, blk[o].u[t * BQ_TILE + e]);
+            uint8_t chunks[8][BQ_CHUNK];
+            for (int c = 0; c < 8; c++)
+                for (int o = 0; o < BQ_GROUP; o++)
+                    memcpy(chunks[c] + 4 * o, blk[o].u + t * BQ_TILE + 4 * c, 4);
+            pack_tile(L, chunks, (uint8_t *)bq_tile(s, g, b * tiles_per_block + t));
         }
     }
 }
