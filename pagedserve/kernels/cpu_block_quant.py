@@ -35,7 +35,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -193,26 +193,36 @@ def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> to
 
 
 def _time_path(path: str) -> float:
-    state = _prepare(_probe_weight(), path=path)
+    state = _probe_state(path)
     return sum(block_quant_paths.best_seconds(functools.partial(_linear, x, state, None))
                for x in _probe_inputs())
 
 
 def _time_others() -> dict[str, float]:
+    return {name: sum(block_quant_paths.best_seconds(functools.partial(call, x))
+                      for x in _probe_inputs())
+            for name, call in _probe_others().items()}
+
+
+@functools.cache
+def _probe_state(path: str) -> BlockQuantState:
+    return _prepare(_probe_weight(), path=path)
+
+
+@functools.cache
+def _probe_others() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """torch's int4 op (what runs these weights without this kernel) and float32."""
     from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL
 
     weight = _probe_weight()
-    times = {}
+    calls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
     if INT4_KERNEL.supports(weight, torch.device("cpu")):
         state = INT4_KERNEL.prepare(weight)
-        times["torch int4 op"] = sum(block_quant_paths.best_seconds(
-            functools.partial(INT4_KERNEL.linear, x, state, None)) for x in _probe_inputs())
-    else:
-        times["torch int4 op"] = float("inf")
-    dense = torch.randn(*block_quant_paths.PROBE_SHAPE, generator=torch.Generator().manual_seed(0))
-    times["float32"] = sum(block_quant_paths.best_seconds(functools.partial(F.linear, x, dense))
-                           for x in _probe_inputs())
-    return times
+        calls["torch int4 op"] = lambda x: INT4_KERNEL.linear(x, state, None)
+    dense = torch.randn(*block_quant_paths.PROBE_SHAPE,
+                        generator=torch.Generator().manual_seed(0))
+    calls["float32"] = lambda x: F.linear(x, dense)
+    return calls
 
 
 @functools.cache

@@ -135,22 +135,22 @@ static inline int64_t bq_tile_bytes(const bq_layout *L) {
 typedef struct {
     const bq_layout *L;
     const uint8_t *base;
-    int64_t k, tiles, scale_region, group_bytes;
+    int64_t k, tiles, scale_region, group_bytes, scale_bytes, tile_bytes;
 } bq_seg;
 
 static inline bq_seg bq_segment(const bq_layout *L, const uint8_t *base, int64_t k) {
-    bq_seg s = {L, base, k, k / BQ_TILE, 0, 0};
-    s.scale_region = ((k / L->block) * bq_scale_bytes(L) + 63) / 64 * 64;
-    s.group_bytes = s.scale_region + s.tiles * bq_tile_bytes(L);
+    bq_seg s = {L, base, k, k / BQ_TILE, 0, 0, bq_scale_bytes(L), bq_tile_bytes(L)};
+    s.scale_region = ((k / L->block) * s.scale_bytes + 63) / 64 * 64;
+    s.group_bytes = s.scale_region + s.tiles * s.tile_bytes;
     return s;
 }
 
 static inline const uint8_t *bq_scale_part(const bq_seg *s, int64_t g, int64_t block) {
-    return s->base + g * s->group_bytes + block * bq_scale_bytes(s->L);
+    return s->base + g * s->group_bytes + block * s->scale_bytes;
 }
 
 static inline const uint8_t *bq_tile(const bq_seg *s, int64_t g, int64_t t) {
-    return s->base + g * s->group_bytes + s->scale_region + t * bq_tile_bytes(s->L);
+    return s->base + g * s->group_bytes + s->scale_region + t * s->tile_bytes;
 }
 
 static inline uint16_t bq_load_u16(const uint8_t *p) {
