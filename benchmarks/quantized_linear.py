@@ -2,7 +2,7 @@
 intermediate 1536, vocabulary 49152): the C block-quantized kernel
 (``pagedserve/kernels/cpu_block_quant.py``, on the path it chooses) on int4 in groups of 32
 (GGUF's Q4_1, "block q4"; with int16 activations, "block q4 a16"), int8 in groups of 32
-(Q8_0, "block q8") and random Q4_0 and Q4_K blocks ("block q4_0", "block q4_K"), and
+(Q8_0, "block q8") and random Q4_0 blocks ("block q4_0"), and
 torch's int8 and int4 weight-only ops (``pagedserve/kernels/cpu_quantized_linear.py``),
 against ``F.linear`` in float32 and bfloat16, and against both prepacked for oneDNN (what the
 ``cpu`` backend runs), per weight shape and batch rows, side by side, alternating rounds, best
@@ -67,11 +67,9 @@ def _kernels(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.T
         q8 = BLOCK_QUANT_KERNEL.prepare(quantize_int8(weight, 32))
         q4_a16 = a16_kernel.prepare(quantize_int4(weight, 32))
         q4_0 = BLOCK_QUANT_KERNEL.prepare(random_weight("Q4_0", *weight.shape))
-        q4_k = BLOCK_QUANT_KERNEL.prepare(random_weight("Q4_K", *weight.shape))
         block = {"block q4": lambda x: BLOCK_QUANT_KERNEL.linear(x, q4, None),
                  "block q8": lambda x: BLOCK_QUANT_KERNEL.linear(x, q8, None),
                  "block q4_0": lambda x: BLOCK_QUANT_KERNEL.linear(x, q4_0, None),
-                 "block q4_K": lambda x: BLOCK_QUANT_KERNEL.linear(x, q4_k, None),
                  "block q4 a16": lambda x: a16_kernel.linear(x, q4_a16, None)}
     return {
         "f32": lambda x: F.linear(x, weight),
@@ -208,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, fn in kernels.items():
                     best[name] = min(best[name], _best_us(fn, x, args.repeats))
             quantized = [q for q in ("int8", "int4", "block q4", "block q8", "block q4_0",
-                                     "block q4_K", "block q4 a16") if q in best]
+                                     "block q4 a16") if q in best]
             ratios = {f"{q} vs {f}": best[f] / best[q] for q in quantized
                       for f in ("f32 packed", "bf16 packed", "int4") if f != q}
             results.setdefault(label, {})[str(rows)] = {**best, **ratios}

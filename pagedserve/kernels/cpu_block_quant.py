@@ -57,7 +57,7 @@ _SIGNATURES = {
     "bq_layout_info": ([_I, _P], _I),
     "bq_packed_bytes": ([_I, _I, _I], _I),
     "bq_repack": ([_I, _P, _I, _I, _I, _P, _I], _I),
-    "bq_dequantize_rows": ([_I, _P, _I, _P, _I, _P, _I], None),
+    "bq_dequantize_rows": ([_I, _P, _I, _I, _P, _I, _P, _I], None),
     "bq_linear": ([_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I], None),
 }
 
@@ -185,7 +185,7 @@ def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> to
             continue
         local = (ids[mine] - column).contiguous()
         part = torch.empty(len(mine), state.padded_in, dtype=torch.float32)
-        _library().bq_dequantize_rows(type_id, state.packed.data_ptr() + offset,
+        _library().bq_dequantize_rows(type_id, state.packed.data_ptr() + offset, rows,
                                       state.padded_in, local.data_ptr(), len(mine),
                                       part.data_ptr(), cpu_parallel.threads_for(part.numel()))
         out[mine] = part

@@ -51,8 +51,8 @@ int64_t bq_layout_info(int64_t i, int64_t *out) {
 int64_t bq_packed_bytes(int64_t type, int64_t rows, int64_t k) {
     const bq_layout *L = bq_find(type);
     if (L == NULL || k <= 0 || k % L->block || k % BQ_TILE || rows <= 0) return -1;
-    const bq_seg s = bq_segment(L, NULL, k);
-    return (rows + BQ_GROUP - 1) / BQ_GROUP * s.group_bytes;
+    const bq_seg s = bq_segment(L, NULL, k, rows);
+    return bq_segment_bytes(&s);
 }
 
 /* Packs a [rows, k] weight whose row r starts at src + r * src_stride (ggml's blocks) into
@@ -61,8 +61,8 @@ int64_t bq_repack(int64_t type, const uint8_t *src, int64_t src_stride, int64_t 
                   uint8_t *dst, int64_t threads) {
     const bq_layout *L = bq_find(type);
     if (bq_packed_bytes(type, rows, k) < 0) return -1;
-    const bq_seg s = bq_segment(L, dst, k);
-    const int64_t groups = (rows + BQ_GROUP - 1) / BQ_GROUP;
+    const bq_seg s = bq_segment(L, dst, k, rows);
+    const int64_t groups = s.groups;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t g = 0; g < groups; g++) {
         if (bq_is_float16(L)) bq_pack_group16(&s, src, src_stride, rows, g);
@@ -71,10 +71,10 @@ int64_t bq_repack(int64_t type, const uint8_t *src, int64_t src_stride, int64_t 
     return 0;
 }
 
-/* out [n, k] = rows ids of the packed weight, as floats. */
-void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t k, const int64_t *ids,
-                        int64_t n, float *out, int64_t threads) {
-    const bq_seg s = bq_segment(bq_find(type), packed, k);
+/* out [n, k] = rows ids of the packed [rows, k] weight, as floats. */
+void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t rows, int64_t k,
+                        const int64_t *ids, int64_t n, float *out, int64_t threads) {
+    const bq_seg s = bq_segment(bq_find(type), packed, k, rows);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t i = 0; i < n; i++) {
         if (bq_is_float16(s.L)) bq_dequantize_row16(&s, ids[i], out + i * k);
@@ -183,7 +183,7 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
     for (int64_t i = 0; i < nseg; i++) {
         const bq_layout *L = bq_find(segs[4 * i]);
         quantized |= !bq_is_float16(L);
-        runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad),
+        runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad, segs[4 * i + 1]),
                                 pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
         groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
     }

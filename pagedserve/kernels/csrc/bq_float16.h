@@ -21,7 +21,7 @@ static inline float bq_half(const bq_layout *L, uint16_t h) {
 /* Group g of a 16-bit weight whose row r starts at src + r * src_stride. */
 static void bq_pack_group16(const bq_seg *s, const uint8_t *src, int64_t src_stride, int64_t rows,
                             int64_t g) {
-    uint16_t *dst = (uint16_t *)(s->base + g * s->group_bytes);
+    uint16_t *dst = (uint16_t *)(s->codes + g * s->group_bytes);
     memset(dst, 0, (size_t)s->group_bytes);
     for (int o = 0; o < BQ_GROUP && g * BQ_GROUP + o < rows; o++) {
         const uint8_t *row = src + (g * BQ_GROUP + o) * src_stride;
@@ -30,13 +30,13 @@ static void bq_pack_group16(const bq_seg *s, const uint8_t *src, int64_t src_str
 }
 
 static void bq_dequantize_row16(const bq_seg *s, int64_t row, float *out) {
-    const uint16_t *w = (const uint16_t *)(s->base + row / BQ_GROUP * s->group_bytes);
+    const uint16_t *w = (const uint16_t *)(s->codes + row / BQ_GROUP * s->group_bytes);
     for (int64_t e = 0; e < s->k; e++) out[e] = bq_half(s->L, w[e * BQ_GROUP + row % BQ_GROUP]);
 }
 
 static void tile16_portable(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, int nr,
                             float out[BQ_TILE_ROWS][BQ_GROUP]) {
-    const uint16_t *w = (const uint16_t *)(s->base + g * s->group_bytes);
+    const uint16_t *w = (const uint16_t *)(s->codes + g * s->group_bytes);
     for (int r = 0; r < nr; r++) {
         const float *x = xa->x + (r0 + r) * xa->x_stride;
         float acc[BQ_GROUP] = {0};
@@ -61,7 +61,7 @@ BQ_INLINE BQ_VNNI __m512 avx512_widen(const uint16_t *p, const int bf16) {
 static inline __attribute__((always_inline)) BQ_VNNI void
 tile16_avx512(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int nr,
               float (*out)[BQ_GROUP], const int bf16) {
-    const uint16_t *w = (const uint16_t *)(s->base + g * s->group_bytes);
+    const uint16_t *w = (const uint16_t *)(s->codes + g * s->group_bytes);
     const int unroll = nr == 1 ? 4 : 2;
     __m512 acc[4][4];
     for (int u = 0; u < unroll; u++)
@@ -89,7 +89,7 @@ BQ_INLINE BQ_AVX2 __m256 avx2_widen(const uint16_t *p, const int bf16) {
 static inline __attribute__((always_inline)) BQ_AVX2 void
 tile16_avx2(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int nr,
             float out[BQ_TILE_ROWS][BQ_GROUP], int row_at, const int bf16) {
-    const uint16_t *w = (const uint16_t *)(s->base + g * s->group_bytes);
+    const uint16_t *w = (const uint16_t *)(s->codes + g * s->group_bytes);
     const int unroll = nr == 1 ? 2 : 1;
     __m256 lo[2][2], hi[2][2];
     for (int u = 0; u < unroll; u++)

@@ -190,8 +190,9 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void bq_pack_group(const bq_seg *s, const uint8_t *src, int64_t src_stride, int64_t rows,
                           int64_t g) {
     const bq_layout *L = s->L;
-    uint8_t *group = (uint8_t *)s->base + g * s->group_bytes;
-    memset(group, 0, (size_t)s->group_bytes);
+    uint8_t *scales = (uint8_t *)bq_scale_part(s, g, 0);
+    memset(scales, 0, (size_t)s->scale_region);
+    memset((uint8_t *)bq_tile(s, g, 0), 0, (size_t)s->group_bytes);
     const int64_t blocks = s->k / L->block, tiles_per_block = L->block / BQ_TILE;
     bq_block blk[BQ_GROUP];
     for (int64_t b = 0; b < blocks; b++) {
@@ -200,7 +201,7 @@ static void bq_pack_group(const bq_seg *s, const uint8_t *src, int64_t src_strid
             const int64_t row = g * BQ_GROUP + o;
             if (row < rows) bq_read_block(L, src + row * src_stride + b * L->file_bytes, &blk[o]);
         }
-        pack_scales(L, blk, group + b * bq_scale_bytes(L));
+        pack_scales(L, blk, scales + b * s->scale_bytes);
         for (int64_t t = 0; t < tiles_per_block; t++) {
             uint8_t chunks[8][BQ_CHUNK];
             for (int c = 0; c < 8; c++)

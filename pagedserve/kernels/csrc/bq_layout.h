@@ -8,9 +8,10 @@
  * offset needs no stored mins (Q4_0 -8, Q5_0 -16, Q8_0 -128, Q3_K -4, Q6_K -32; the IQ4
  * types' codes are a 16-entry int8 codebook, offset by 128 to make them unsigned).
  *
- * Packed form: outputs in groups of 16 (padded with zero rows), each group one run of bytes:
+ * Packed form: outputs in groups of 16 (padded with zero rows); each group's scale parts (one
+ * per file block, padded to 64 bytes), then each group's tiles (one per 32 inputs):
  *
- *   [scale parts, one per file block, padded to 64 bytes][tiles, one per 32 inputs]
+ *   [group 0 scales][group 1 scales]...[group 0 tiles][group 1 tiles]...
  *
  * A tile holds 16 outputs x 32 inputs as 8 chunks of 4 inputs; a chunk is 64 bytes in which
  * byte 4 o + j is output o, input j (one 512-bit register whose 32-bit lane o is output o;
@@ -131,26 +132,36 @@ static inline int64_t bq_tile_bytes(const bq_layout *L) {
     return bq_low_plane_bytes(L) + high;
 }
 
-/* One segment's packed weight as the loops read it: k inputs, a multiple of the type's block. */
+/* One segment's packed weight as the loops read it: k inputs (a multiple of the type's block),
+ * rows outputs. The scale parts of every group come first, then the codes of every group: the
+ * loops read two sequential streams, each in its own pages, which the hardware prefetchers
+ * follow (one stream alternating between a group's scales and its codes streamed at half the
+ * speed from memory). */
 typedef struct {
     const bq_layout *L;
-    const uint8_t *base;
-    int64_t k, tiles, scale_region, group_bytes, scale_bytes, tile_bytes;
+    const uint8_t *base, *codes;
+    int64_t k, tiles, groups, scale_region, group_bytes, scale_bytes, tile_bytes;
 } bq_seg;
 
-static inline bq_seg bq_segment(const bq_layout *L, const uint8_t *base, int64_t k) {
-    bq_seg s = {L, base, k, k / BQ_TILE, 0, 0, bq_scale_bytes(L), bq_tile_bytes(L)};
+static inline bq_seg bq_segment(const bq_layout *L, const uint8_t *base, int64_t k, int64_t rows) {
+    bq_seg s = {L, base, base, k, k / BQ_TILE, (rows + BQ_GROUP - 1) / BQ_GROUP, 0, 0,
+                bq_scale_bytes(L), bq_tile_bytes(L)};
     s.scale_region = ((k / L->block) * s.scale_bytes + 63) / 64 * 64;
-    s.group_bytes = s.scale_region + s.tiles * s.tile_bytes;
+    s.group_bytes = s.tiles * s.tile_bytes;
+    if (base != NULL) s.codes = base + s.groups * s.scale_region;
     return s;
 }
 
+static inline int64_t bq_segment_bytes(const bq_seg *s) {
+    return s->groups * (s->scale_region + s->group_bytes);
+}
+
 static inline const uint8_t *bq_scale_part(const bq_seg *s, int64_t g, int64_t block) {
-    return s->base + g * s->group_bytes + block * s->scale_bytes;
+    return s->base + g * s->scale_region + block * s->scale_bytes;
 }
 
 static inline const uint8_t *bq_tile(const bq_seg *s, int64_t g, int64_t t) {
-    return s->base + g * s->group_bytes + s->scale_region + t * s->tile_bytes;
+    return s->codes + g * s->group_bytes + t * s->tile_bytes;
 }
 
 static inline uint16_t bq_load_u16(const uint8_t *p) {
