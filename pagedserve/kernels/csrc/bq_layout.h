@@ -164,6 +164,20 @@ static inline const uint8_t *bq_tile(const bq_seg *s, int64_t g, int64_t t) {
     return s->codes + g * s->group_bytes + t * s->tile_bytes;
 }
 
+/* Bytes ahead of the tile being read that a loop asks the caches for: one core alone keeps
+ * too few reads in flight to stream memory at its bandwidth. */
+#ifndef BQ_PREFETCH_AHEAD
+#define BQ_PREFETCH_AHEAD 2048
+#endif
+
+/* Asks for the lines BQ_PREFETCH_AHEAD bytes past one tile's codes (and its scales). */
+static inline void bq_prefetch(const bq_seg *s, int64_t g, int64_t t) {
+    if (BQ_PREFETCH_AHEAD == 0) return;
+    const uint8_t *ahead = bq_tile(s, g, t) + BQ_PREFETCH_AHEAD;
+    for (int64_t at = 0; at < s->tile_bytes; at += 64) __builtin_prefetch(ahead + at, 0, 3);
+    __builtin_prefetch(bq_scale_part(s, g, t * BQ_TILE / s->L->block) + BQ_PREFETCH_AHEAD / 8, 0, 3);
+}
+
 static inline uint16_t bq_load_u16(const uint8_t *p) {
     uint16_t v;
     memcpy(&v, p, sizeof v);

@@ -107,6 +107,7 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t t = 0; t < s->tiles; t++) {
         const uint8_t *tile = bq_tile(s, g, t);
+        bq_prefetch(s, g, t);
         for (int h = 0; h < halves; h++) {
             /* few rows: even and odd chunks in two sums, so that the dot products of one row
              * are not one chain of dependent instructions */
