@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 ENV = block_quant_paths.ENV
 # --quantized-activations: the integer width each activation block is quantized to.
 ACTIVATION_BITS = {"int8": 8, "int16": 16}
+_PATH_IDS = {path: i for i, path in enumerate(block_quant_paths.PATHS)}
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SIGNATURES = {
     "bq_paths": ([], _I),
@@ -112,6 +113,13 @@ class BlockQuantState:
     path: str
     types: tuple[str, ...]
     activation_bits: int = 8
+    # What every call passes to C, computed once (a call at one row is mostly overhead).
+    call_args: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        args = (self.in_features, self.padded_in, self.packed.data_ptr(),
+                self.segments.data_ptr(), self.segments.shape[0])
+        object.__setattr__(self, "call_args", args)
 
 
 def _as_blocks(weight: BlockQuantWeight | QuantizedWeight) -> BlockQuantWeight | None:
@@ -156,18 +164,20 @@ def _prepare(weight: BlockQuantWeight | QuantizedWeight, activation_bits: int = 
 
 
 def _linear(x: torch.Tensor, state: BlockQuantState, bias: torch.Tensor | None) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if rows.dtype != torch.float32:
+        rows = rows.float()
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m, n = rows.shape[0], state.out_features
     y = torch.empty(m, n, dtype=torch.float32)
     threads = cpu_parallel.threads_for(m * n * state.in_features // 16)
-    _library().bq_linear(
-        rows.data_ptr(), rows.stride(0), m, state.in_features, state.padded_in,
-        state.packed.data_ptr(), state.segments.data_ptr(), state.segments.shape[0],
-        y.data_ptr(), n, threads, block_quant_paths.PATHS.index(state.path),
-        state.activation_bits)
-    y = y.to(x.dtype).reshape(*x.shape[:-1], n)
+    _library().bq_linear(rows.data_ptr(), rows.stride(0), m, *state.call_args, y.data_ptr(), n,
+                         threads, _PATH_IDS[state.path], state.activation_bits)
+    if x.dtype != torch.float32:
+        y = y.to(x.dtype)
+    if x.dim() != 2:
+        y = y.reshape(*x.shape[:-1], n)
     return y if bias is None else y + bias
 
 
