@@ -25,7 +25,8 @@ int64_t bq_paths(void) {
     int64_t paths = 1 << PATH_PORTABLE;
 #if BQ_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
         paths |= 1 << PATH_AVX2;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
@@ -118,7 +119,8 @@ static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r
         if ((b + 1) * BQ_TILE <= k) {
             memcpy(vals, x + b * BQ_TILE, sizeof vals);
         } else { /* the last block, zero past k */
-            for (int j = 0; j < BQ_TILE; j++) vals[j] = b * BQ_TILE + j < k ? x[b * BQ_TILE + j] : 0.0f;
+            for (int j = 0; j < BQ_TILE; j++)
+                vals[j] = b * BQ_TILE + j < k ? x[b * BQ_TILE + j] : 0.0f;
         }
         for (int j = 0; j < BQ_TILE; j++) {
             uint32_t bits;
@@ -216,7 +218,8 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
                 const int64_t left = run->rows - g * BQ_GROUP;
                 const int64_t width = left < BQ_GROUP ? left : BQ_GROUP;
                 for (int64_t r0 = chunk; r0 < chunk_end; r0 += BQ_TILE_ROWS) {
-                    const int nr = (int)(chunk_end - r0 < BQ_TILE_ROWS ? chunk_end - r0 : BQ_TILE_ROWS);
+                    const int64_t left_rows = chunk_end - r0;
+                    const int nr = (int)(left_rows < BQ_TILE_ROWS ? left_rows : BQ_TILE_ROWS);
                     float out[BQ_TILE_ROWS][BQ_GROUP];
                     run->tile(&run->seg, &xa, g, r0, nr, out);
                     for (int r = 0; r < nr; r++)

@@ -39,7 +39,8 @@ BQ_INLINE BQ_AVX2 __m256i avx2_codes(const uint8_t *tile, const int codes, const
     }
     const __m256i low = avx2_bits(avx2_load(tile + (c / 2) * BQ_CHUNK + at), 4 * (c % 2), 0, 15);
     if (codes == C_NIB) return low;
-    if (codes == C_NIB_HI1) return _mm256_or_si256(low, avx2_bits(avx2_load(tile + 256 + at), c, 4, 16));
+    if (codes == C_NIB_HI1)
+        return _mm256_or_si256(low, avx2_bits(avx2_load(tile + 256 + at), c, 4, 16));
     if (codes == C_NIB_HI2)
         return _mm256_or_si256(
             low, avx2_bits(avx2_load(tile + 256 + (c / 4) * BQ_CHUNK + at), 2 * (c % 4), 4, 48));
@@ -55,7 +56,10 @@ BQ_INLINE BQ_AVX2 void avx2_scales(const bq_layout *L, const bq_seg *s, int64_t 
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * x)));
     switch (L->scales) {
     case S_D: *D = d; return;
-    case S_DM: *D = d; *M = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * x))); return;
+    case S_DM:
+        *D = d;
+        *M = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * x)));
+        return;
     case S_K_D: {
         const __m128i sc = _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * j + 8 * x));
         *D = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
@@ -63,9 +67,10 @@ BQ_INLINE BQ_AVX2 void avx2_scales(const bq_layout *L, const bq_seg *s, int64_t 
     }
     default: {
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * x)));
-        __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 16 * j + 8 * x))), m;
+        const uint8_t *scales = p + 64 + 16 * j + 8 * x, *mins = p + 64 + 16 * (subs + j) + 8 * x;
+        __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scales)), m;
         if (L->scales == S_K_DM) {
-            m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 64 + 16 * (subs + j) + 8 * x)));
+            m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mins));
         } else {
             m = _mm256_srli_epi32(sc, 4);
             sc = _mm256_and_si256(sc, _mm256_set1_epi32(15));
@@ -78,16 +83,19 @@ BQ_INLINE BQ_AVX2 void avx2_scales(const bq_layout *L, const bq_seg *s, int64_t 
 
 BQ_INLINE BQ_AVX2 __m256 avx2_apply(const bq_layout *L, __m256 acc, __m256i dot, __m256 D, __m256 M,
                                     const bq_acts *xa, int64_t blk, int h, int halves, int offset) {
-    const int32_t sum = halves == 2 ? xa->s16[2 * blk + h] : xa->s16[2 * blk] + xa->s16[2 * blk + 1];
-    if (offset) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(offset * sum));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(D, _mm256_set1_ps(xa->da[blk])), acc);
-    if (!L->offset) acc = _mm256_fmadd_ps(M, _mm256_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
+    if (offset)
+        dot = _mm256_add_epi32(dot, _mm256_set1_epi32(offset * bq_sub_sum(xa, blk, h, halves)));
+    const __m256 scale = _mm256_mul_ps(D, _mm256_set1_ps(xa->da[blk]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
+    if (!L->offset)
+        acc = _mm256_fmadd_ps(M, _mm256_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
     return acc;
 }
 
 /* The int32 dot of one 8-output half-chunk of codes with a row's 4 int16 activations, as
  * (output, input pair) lanes: outputs 0-3 in lo, 4-7 in hi. */
-BQ_INLINE BQ_AVX2 void avx2_dot16(__m256i u, int is_signed, const int16_t *a, __m256i *lo, __m256i *hi) {
+BQ_INLINE BQ_AVX2 void avx2_dot16(__m256i u, int is_signed, const int16_t *a, __m256i *lo,
+                                  __m256i *hi) {
     const __m256i av = _mm256_set1_epi64x(load_i64(a));
     const __m128i u0 = _mm256_castsi256_si128(u), u1 = _mm256_extracti128_si256(u, 1);
     const __m256i w0 = is_signed ? _mm256_cvtepi8_epi16(u0) : _mm256_cvtepu8_epi16(u0);
@@ -127,7 +135,8 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                         for (int r = 0; r < nr; r++) {
                             const int64_t blk = (r0 + r) * xa->blocks + t;
                             if (wide) {
-                                avx2_dot16(u, is_signed, xa->qa16 + blk * BQ_TILE + 4 * c, &dot[r], &hi[r]);
+                                const int16_t *a = xa->qa16 + blk * BQ_TILE + 4 * c;
+                                avx2_dot16(u, is_signed, a, &dot[r], &hi[r]);
                                 continue;
                             }
                             __m256i a = _mm256_set1_epi32(load_i32(xa->qa + blk * BQ_TILE + 4 * c));

@@ -69,9 +69,10 @@ tile16_avx512(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const i
     for (int64_t e = 0; e < s->k; e += unroll) {
         for (int u = 0; u < unroll; u++) {
             const __m512 wide = avx512_widen(w + (e + u) * BQ_GROUP, bf16);
-            for (int r = 0; r < nr; r++)
-                acc[u][r] = _mm512_fmadd_ps(wide, _mm512_set1_ps(xa->x[(r0 + r) * xa->x_stride + e + u]),
-                                            acc[u][r]);
+            for (int r = 0; r < nr; r++) {
+                const __m512 x = _mm512_set1_ps(xa->x[(r0 + r) * xa->x_stride + e + u]);
+                acc[u][r] = _mm512_fmadd_ps(wide, x, acc[u][r]);
+            }
         }
     }
     for (int r = 0; r < nr; r++) {

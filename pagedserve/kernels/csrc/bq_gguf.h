@@ -68,7 +68,8 @@ static void read_q3_k(const uint8_t *b, bq_block *o) {
         for (int l = 0; l < 32; l++) o->u[32 * bit + l] |= (uint8_t)(((b[l] >> bit) & 1) << 2);
     const uint8_t *s = b + 96;
     for (int i = 0; i < 16; i++) {
-        const int low = (s[i % 8] >> (4 * (i / 8))) & 15, high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        const int low = (s[i % 8] >> (4 * (i / 8))) & 15;
+        const int high = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
         o->sc[i] = (uint8_t)(int8_t)((low | (high << 4)) - 32);
     }
     o->d = bq_load_u16(b + 108);
@@ -91,7 +92,8 @@ static void read_q6_k(const uint8_t *b, bq_block *o) {
         }
         for (int shift = 0; shift < 4; shift++)
             for (int l = 0; l < 32; l++)
-                o->u[128 * h + 32 * shift + l] |= (uint8_t)(((b[128 + 32 * h + l] >> (2 * shift)) & 3) << 4);
+                o->u[128 * h + 32 * shift + l] |=
+                    (uint8_t)(((b[128 + 32 * h + l] >> (2 * shift)) & 3) << 4);
     }
     memcpy(o->sc, b + 192, 16);
     o->d = bq_load_u16(b + 208);
@@ -163,7 +165,8 @@ BQ_PACK_INLINE void pack_tile(const bq_layout *L, uint8_t chunks[8][BQ_CHUNK], u
             for (int i = 0; i < BQ_CHUNK; i++) high[i] |= (uint8_t)(((u[i] >> 4) & 1) << c);
         if (L->codes == C_NIB_HI2) {
             uint8_t *h2 = high + (c / 4) * BQ_CHUNK;
-            for (int i = 0; i < BQ_CHUNK; i++) h2[i] |= (uint8_t)(((u[i] >> 4) & 3) << (2 * (c % 4)));
+            for (int i = 0; i < BQ_CHUNK; i++)
+                h2[i] |= (uint8_t)(((u[i] >> 4) & 3) << (2 * (c % 4)));
         }
     }
 }
@@ -225,7 +228,8 @@ static inline int bq_code(const bq_layout *L, const uint8_t *tile, int o, int e)
     default: {
         const int u = (tile[(c / 2) * BQ_CHUNK + i] >> (4 * (c % 2))) & 15;
         if (L->codes == C_NIB_HI1) return u | (((high[i] >> c) & 1) << 4);
-        if (L->codes == C_NIB_HI2) return u | (((high[(c / 4) * BQ_CHUNK + i] >> (2 * (c % 4))) & 3) << 4);
+        if (L->codes == C_NIB_HI2)
+            return u | (((high[(c / 4) * BQ_CHUNK + i] >> (2 * (c % 4))) & 3) << 4);
         return u;
     }
     }

@@ -56,13 +56,18 @@ static inline void bq_scales_of_tile(const bq_seg *s, int64_t g, int64_t t, bq_t
         }
 }
 
+/* The sum of the activation codes under sub-block h (of `halves` in the block) of activation
+ * block blk. */
+static inline int32_t bq_sub_sum(const bq_acts *xa, int64_t blk, int h, int halves) {
+    return halves == 2 ? xa->s16[2 * blk + h] : xa->s16[2 * blk] + xa->s16[2 * blk + 1];
+}
+
 /* The factor of M for sub-block h of activation block blk. */
 static inline float bq_min_factor(const bq_layout *L, const bq_acts *xa, int64_t blk, int h,
                                   int halves) {
     if (L->offset) return 0.0f;
     if (L->scales == S_DM) return xa->sx[blk];
-    const int32_t sum = halves == 2 ? xa->s16[2 * blk + h] : xa->s16[2 * blk] + xa->s16[2 * blk + 1];
-    return xa->da[blk] * (float)sum;
+    return xa->da[blk] * (float)bq_sub_sum(xa, blk, h, halves);
 }
 
 #endif

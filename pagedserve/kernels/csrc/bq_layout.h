@@ -175,7 +175,8 @@ static inline void bq_prefetch(const bq_seg *s, int64_t g, int64_t t) {
     if (BQ_PREFETCH_AHEAD == 0) return;
     const uint8_t *ahead = bq_tile(s, g, t) + BQ_PREFETCH_AHEAD;
     for (int64_t at = 0; at < s->tile_bytes; at += 64) __builtin_prefetch(ahead + at, 0, 3);
-    __builtin_prefetch(bq_scale_part(s, g, t * BQ_TILE / s->L->block) + BQ_PREFETCH_AHEAD / 8, 0, 3);
+    const uint8_t *scales = bq_scale_part(s, g, t * BQ_TILE / s->L->block);
+    __builtin_prefetch(scales + BQ_PREFETCH_AHEAD / 8, 0, 3);
 }
 
 static inline uint16_t bq_load_u16(const uint8_t *p) {

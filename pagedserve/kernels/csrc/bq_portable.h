@@ -87,7 +87,8 @@ static void row_dots(const bq_layout *L, const int8_t q[8][BQ_CHUNK], const bq_a
                 continue;
             }
             int16_t acc16[BQ_CHUNK] = {0};
-            for (int c = c0; c < c0 + span; c++) mac_chunk8(q[c], xa->qa + blk * BQ_TILE + 4 * c, acc16);
+            for (int c = c0; c < c0 + span; c++)
+                mac_chunk8(q[c], xa->qa + blk * BQ_TILE + 4 * c, acc16);
             for (int i = 0; i < BQ_CHUNK; i++) acc[i] += acc16[i];
         }
         for (int o = 0; o < BQ_GROUP; o++)
@@ -114,8 +115,7 @@ static void tile_portable(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t
             row_dots(L, (const int8_t(*)[BQ_CHUNK])q, xa, blk, dots);
             const float dx = xa->da[blk];
             for (int h = 0; h < halves; h++) {
-                const int32_t sum = halves == 2 ? xa->s16[2 * blk + h]
-                                                : xa->s16[2 * blk] + xa->s16[2 * blk + 1];
+                const int32_t sum = bq_sub_sum(xa, blk, h, halves);
                 const float smx = bq_min_factor(L, xa, blk, h, halves);
                 for (int o = 0; o < BQ_GROUP; o++) {
                     out[r][o] += (float)(dots[h][o] + offset * sum) * (sc.D[h][o] * dx);

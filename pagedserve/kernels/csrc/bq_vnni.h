@@ -27,18 +27,22 @@ BQ_INLINE BQ_VNNI __m512i vnni_bits(__m512i v, int from, int to, int mask) {
 BQ_INLINE BQ_VNNI __m512i vnni_codes(const uint8_t *tile, const int codes, const int c) {
     if (codes == C_BYTES) return _mm512_loadu_si512(tile + c * BQ_CHUNK);
     if (codes == C_LO2 || codes == C_LO2_HI1) {
-        const __m512i lo = vnni_bits(_mm512_loadu_si512(tile + (c / 4) * BQ_CHUNK), 2 * (c % 4), 0, 3);
+        const __m512i crumbs = _mm512_loadu_si512(tile + (c / 4) * BQ_CHUNK);
+        const __m512i lo = vnni_bits(crumbs, 2 * (c % 4), 0, 3);
         if (codes == C_LO2) return lo;
         return _mm512_or_si512(lo, vnni_bits(_mm512_loadu_si512(tile + 128), c, 2, 4));
     }
-    const __m512i low = vnni_bits(_mm512_loadu_si512(tile + (c / 2) * BQ_CHUNK), 4 * (c % 2), 0, 15);
+    const __m512i nibbles = _mm512_loadu_si512(tile + (c / 2) * BQ_CHUNK);
+    const __m512i low = vnni_bits(nibbles, 4 * (c % 2), 0, 15);
     if (codes == C_NIB) return low;
     if (codes == C_NIB_HI1)
         return _mm512_or_si512(low, vnni_bits(_mm512_loadu_si512(tile + 256), c, 4, 16));
-    if (codes == C_NIB_HI2)
-        return _mm512_or_si512(
-            low, vnni_bits(_mm512_loadu_si512(tile + 256 + (c / 4) * BQ_CHUNK), 2 * (c % 4), 4, 48));
-    const __m128i book = _mm_add_epi8(_mm_loadu_si128((const __m128i *)BQ_CODEBOOK), _mm_set1_epi8(-128));
+    if (codes == C_NIB_HI2) {
+        const __m512i crumbs = _mm512_loadu_si512(tile + 256 + (c / 4) * BQ_CHUNK);
+        return _mm512_or_si512(low, vnni_bits(crumbs, 2 * (c % 4), 4, 48));
+    }
+    const __m128i book = _mm_add_epi8(_mm_loadu_si128((const __m128i *)BQ_CODEBOOK),
+                                      _mm_set1_epi8(-128));
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(book), low); /* C_BOOK: codebook + 128 */
 }
 
@@ -86,10 +90,12 @@ BQ_INLINE int64_t load_i64(const void *p) {
 /* acc += the sub-block's dot (int32 lanes) as bq_kernel.h says. */
 BQ_INLINE BQ_VNNI __m512 vnni_apply(const bq_layout *L, __m512 acc, __m512i dot, __m512 D,
                                     __m512 M, const bq_acts *xa, int64_t blk, int h, int halves) {
-    const int32_t sum = halves == 2 ? xa->s16[2 * blk + h] : xa->s16[2 * blk] + xa->s16[2 * blk + 1];
-    if (L->offset) dot = _mm512_add_epi32(dot, _mm512_set1_epi32(L->offset * sum));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(D, _mm512_set1_ps(xa->da[blk])), acc);
-    if (!L->offset) acc = _mm512_fmadd_ps(M, _mm512_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
+    if (L->offset)
+        dot = _mm512_add_epi32(dot, _mm512_set1_epi32(L->offset * bq_sub_sum(xa, blk, h, halves)));
+    const __m512 scale = _mm512_mul_ps(D, _mm512_set1_ps(xa->da[blk]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
+    if (!L->offset)
+        acc = _mm512_fmadd_ps(M, _mm512_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
     return acc;
 }
 
@@ -101,8 +107,10 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
     const bq_layout *L = &BQ_LAYOUTS[li];
     const int codes = L->codes;
     const int halves = (codes == C_NIB_HI2 || codes == C_LO2 || codes == C_LO2_HI1) ? 2 : 1;
-    const __m512i evens = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odds = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512i evens =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odds =
+        _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     __m512 acc[BQ_TILE_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t t = 0; t < s->tiles; t++) {
