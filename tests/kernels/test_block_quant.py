@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import subprocess
 
 import numpy as np
 import pytest
@@ -251,6 +252,29 @@ def test_the_choice_is_the_fastest_path_and_says_why(caplog) -> None:
            "portable C); choosing by timing" in caplog.text
     assert "PAGEDSERVE_BLOCK_QUANT='sse' is not one of off, auto, portable, avx2, vnni" \
            in caplog.text
+
+
+def test_a_build_without_the_x86_paths_runs_the_portable_one(tmp_path, monkeypatch) -> None:
+    """What an ARM machine builds: the same source with the x86 paths left out."""
+    if cpu_block_quant.cpu_paths() == ("portable",):
+        pytest.skip("this machine builds the portable path alone anyway")
+    raw, weight = _weight(T.Q4_K, 20, 256, 7)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(8))
+    kernel = cpu_block_quant.with_path("portable")
+    expected = kernel.linear(x, kernel.prepare(weight), None)
+    target = tmp_path / "block_quant_portable.so"
+    subprocess.run([native_build.c_compiler(), *native_build._flags("block_quant"), "-DBQ_X86=0",
+                    "-o", str(target), str(native_build.SOURCE_DIR / "block_quant.c")],
+                   check=True, capture_output=True)
+    library = ctypes.CDLL(str(target))
+    for name, (args, result) in cpu_block_quant._SIGNATURES.items():
+        getattr(library, name).argtypes, getattr(library, name).restype = args, result
+    monkeypatch.setattr(cpu_block_quant, "_library", lambda: library)
+    assert cpu_block_quant.cpu_paths() == ("portable",)
+    state = cpu_block_quant.with_path("portable").prepare(weight)
+    assert torch.equal(BLOCK_QUANT_KERNEL.linear(x, state, None), expected)
+    rows = BLOCK_QUANT_KERNEL.lookup(state, torch.arange(20), torch.float32)
+    assert torch.equal(rows, _dequantized(T.Q4_K, raw))
 
 
 def test_a_path_this_cpu_lacks_is_refused_by_name() -> None:

@@ -187,7 +187,7 @@ BQ_PACK_INLINE void pack_scales(const bq_layout *L, const bq_block *blk, uint8_t
 
 /* Packs group g (rows 16 g .. 16 g + 15; rows past `rows` are zero) of a weight whose row r
  * starts at src + r * src_stride, as ggml stores it. */
-#if defined(__x86_64__)
+#if BQ_X86
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 static void bq_pack_group(const bq_seg *s, const uint8_t *src, int64_t src_stride, int64_t rows,

@@ -18,11 +18,8 @@
 
 #define BQ_TILE_ROWS 8 /* activation rows a tile call takes */
 
-#if defined(__x86_64__) || defined(__i386__)
-#define BQ_X86 1
+#if BQ_X86
 #include <immintrin.h>
-#else
-#define BQ_X86 0
 #endif
 
 typedef struct {

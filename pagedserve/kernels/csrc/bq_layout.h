@@ -40,6 +40,16 @@
 #include <stdint.h>
 #include <string.h>
 
+/* Whether the x86 vector paths are compiled (-DBQ_X86=0 builds the portable path alone, as on
+ * any other processor). */
+#ifndef BQ_X86
+#if defined(__x86_64__) || defined(__i386__)
+#define BQ_X86 1
+#else
+#define BQ_X86 0
+#endif
+#endif
+
 #define BQ_GROUP 16 /* outputs a packed group holds */
 #define BQ_TILE 32  /* inputs a tile holds */
 #define BQ_CHUNK 64 /* bytes of one chunk: 16 outputs x 4 inputs */
