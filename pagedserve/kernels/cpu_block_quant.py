@@ -1,7 +1,9 @@
 """Quantized matmuls on the CPU in C (``csrc/block_quant.c``) for every GGUF block type of
 llama.cpp's presets, executed as stored: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
-Q6_K, IQ4_NL and IQ4_XS, a fused projection's row segments of different types in one call,
-and a float checkpoint quantized to int4 / int8 in groups of 32 at load (as Q4_1 / Q8_0).
+Q6_K, IQ4_NL and IQ4_XS, F16 and BF16 kept at 16 bits (widened to float32 in registers and
+multiplied by the float activations), a fused projection's row segments of different types
+in one call, and a float checkpoint quantized to int4 / int8 in groups of 32 at load (as
+Q4_1 / Q8_0).
 
 The weight is repacked once at load, in C on all threads, straight from the file's blocks
 into the kernel's packed form (``csrc/bq_layout.h``): 16 output rows interleaved, codes as
@@ -20,7 +22,8 @@ sub-block, activation block), the scales applied in float32 (``csrc/bq_kernel.h`
   each output from the float32 product of the dequantized weight, about twice the compute.
 
 The dot products run on one of three paths compiled into the one library (AVX-512 VNNI,
-AVX2 + FMA, portable C), chosen once per process from the CPU's flags and a short timing
+AVX2 + FMA, portable C; each thread streams its run of output groups once per call, the next
+2 KiB prefetched), chosen once per process from the CPU's flags and a short timing
 (``block_quant_paths.py``, which also reads ``PAGEDSERVE_BLOCK_QUANT``); each prepared
 weight carries its path, so a test can run every path the machine has (:func:`with_path`).
 Without a C compiler, or where torch's int4 op times faster, or with
@@ -189,17 +192,18 @@ def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> to
     """Output rows ``ids`` of the weight, dequantized as gguf dequantizes the file's blocks."""
     ids = ids.reshape(-1).to(torch.int64)
     out = torch.empty(len(ids), state.padded_in, dtype=torch.float32)
-    for type_id, rows, offset, column in state.segments.tolist():
-        mine = ((ids >= column) & (ids < column + rows)).nonzero().reshape(-1)
-        if len(mine) == 0:
-            continue
-        local = (ids[mine] - column).contiguous()
-        part = torch.empty(len(mine), state.padded_in, dtype=torch.float32)
+    table = state.segments.tolist()
+    for type_id, rows, offset, column in table:
+        mine = None if len(table) == 1 else ((ids >= column) & (ids < column + rows)).nonzero()
+        local = ids.contiguous() if mine is None else (ids[mine[:, 0]] - column).contiguous()
+        part = out if mine is None else torch.empty(len(local), state.padded_in)
         _library().bq_dequantize_rows(type_id, state.packed.data_ptr() + offset, rows,
-                                      state.padded_in, local.data_ptr(), len(mine),
+                                      state.padded_in, local.data_ptr(), len(local),
                                       part.data_ptr(), cpu_parallel.threads_for(part.numel()))
-        out[mine] = part
-    return out[:, : state.in_features].to(dtype)
+        if mine is not None:
+            out[mine[:, 0]] = part
+    out = out if state.in_features == state.padded_in else out[:, : state.in_features]
+    return out.to(dtype)
 
 
 def _time_path(path: str) -> float:
