@@ -2,12 +2,12 @@
 
 The CPU's flags name the candidates: AVX-512 VNNI (with BW and VL), AVX2 with FMA and F16C,
 and portable C, which every machine has. A short timing at the first load (a 2048 x 2048
-Q4_1 weight at 1 and 8 rows, the candidates in turn for a few rounds, best of each) checks
-them against each other and against torch's int4 weight-only op, the kernel that runs these
-weights otherwise: the fastest wins, and where torch's op wins the kernel declines every
-weight. Two times within ``TIE`` of each other count as even (a machine shared with other
-work times the same code 10% apart from one call to the next), and the flags' order breaks
-the tie: VNNI, AVX2, portable, then torch's op. float32 ``F.linear`` on the same shape is
+Q4_1 weight at 1 and 8 rows on one thread, the candidates in turn for a few rounds, best of
+each) checks them against each other and against torch's int4 weight-only op, the kernel
+that runs these weights otherwise: the fastest wins, and where torch's op wins the kernel
+declines every weight. Two times within ``TIE`` of each other count as even (a machine shared
+with other work times the same code 10% apart from one call to the next), and the flags'
+order breaks the tie: VNNI, AVX2, portable, then torch's op. float32 ``F.linear`` on the same shape is
 timed and logged beside them. The choice and its reason are logged once.
 
 ``PAGEDSERVE_BLOCK_QUANT`` (read once, at that first load): ``vnni``, ``avx2`` or

@@ -92,7 +92,14 @@ def chosen_path() -> str | None:
     setting = os.environ.get(ENV, "")
     if setting.strip().lower() == "off" or _library() is None:
         return None
-    choice = block_quant_paths.choose(setting, cpu_paths(), _time_path, _time_others)
+    threads = torch.get_num_threads()
+    # On one thread: a call's compute, what tells the paths apart, without the waits of a
+    # parallel region on a machine whose cores are busy with other work.
+    torch.set_num_threads(1)
+    try:
+        choice = block_quant_paths.choose(setting, cpu_paths(), _time_path, _time_others)
+    finally:
+        torch.set_num_threads(threads)
     if choice.path is None:
         logger.info("block-quant kernel declines every weight: %s", choice.reason)
     else:
