@@ -7,8 +7,8 @@ each) checks them against each other and against torch's int4 weight-only op, th
 that runs these weights otherwise: the fastest wins, and where torch's op wins the kernel
 declines every weight. Two times within ``TIE`` of each other count as even (a machine shared
 with other work times the same code 10% apart from one call to the next), and the flags'
-order breaks the tie: VNNI, AVX2, portable, then torch's op. float32 ``F.linear`` on the same shape is
-timed and logged beside them. The choice and its reason are logged once.
+order breaks the tie: VNNI, AVX2, portable, then torch's op. float32 ``F.linear`` on the same
+shape is timed and logged beside them. The choice and its reason are logged once.
 
 ``PAGEDSERVE_BLOCK_QUANT`` (read once, at that first load): ``vnni``, ``avx2`` or
 ``portable`` forces a path (one this CPU lacks is refused with a warning, and the timing
