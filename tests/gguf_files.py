@@ -11,7 +11,9 @@ API:
   tokens), ``"spm"`` (a SentencePiece vocabulary with scores and byte tokens) or None.
   ``metadata`` overrides keys (a None value drops the key), ``skip`` leaves tensors out and
   ``reshape`` maps a GGUF tensor name to the shape it is written with, ``dtypes`` to a numpy
-  dtype it is written in unquantized (``np.float64`` gives an F64 tensor).
+  dtype it is written in unquantized (``np.float64`` gives an F64 tensor), ``qtypes`` to the
+  type it is written in instead of ``qtype`` (random blocks where ``gguf`` cannot quantize to
+  it: a llama.cpp-style mix such as Q4_K_M).
 - ``truncate(path, keep)`` cuts a file to its first ``keep`` bytes.
 - ``set_number(path, key, value)`` rewrites a numeric metadata value in place (as ``gguf``'s
   ``gguf_set_metadata`` does), e.g. to make a file's metadata disagree with its tensors.
@@ -25,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tests.gguf_blocks import SCALE_OFFSETS, random_blocks
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
@@ -109,6 +113,9 @@ def _random_blocks(shape: tuple[int, ...], qtype: Any, seed: int) -> np.ndarray:
     from gguf import GGML_QUANT_SIZES
     from gguf.quants import quant_shape_to_byte_shape
 
+    if qtype.name in SCALE_OFFSETS and len(shape) == 2:
+        return random_blocks(qtype, shape[0], shape[1], seed, scale=(0.0001, 0.0004))
+
     _, size = GGML_QUANT_SIZES[qtype]
     rows = np.random.default_rng(seed).integers(0, 256, quant_shape_to_byte_shape(shape, qtype),
                                                 dtype=np.uint8)
@@ -139,6 +146,7 @@ def write_gguf(
     metadata: Mapping[str, Any] | None = None, skip: Iterable[str] = (),
     reshape: Mapping[str, tuple[int, ...]] | None = None,
     dtypes: Mapping[str, Any] | None = None,
+    qtypes: Mapping[str, str] | None = None,
 ) -> Path:
     import gguf
     from safetensors.numpy import load_file
@@ -172,6 +180,13 @@ def write_gguf(
             array = np.resize(array, reshaped[gguf_name])
         if gguf_name in (dtypes or {}):
             writer.add_tensor(gguf_name, array.astype(dtypes[gguf_name]))
+        elif gguf_name in (qtypes or {}) and array.ndim == 2:
+            kind = gguf.GGMLQuantizationType[qtypes[gguf_name]]
+            try:
+                data = gguf.quants.quantize(array, kind)
+            except NotImplementedError:
+                data = _random_blocks(array.shape, kind, seed)
+            writer.add_tensor(gguf_name, data, raw_dtype=kind)
         elif array.ndim < 2 or quant == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(gguf_name, np.ascontiguousarray(array))
         elif random_blocks:

@@ -1,34 +1,34 @@
-"""Quantized matmuls on the CPU in C (``csrc/block_quant_matmul.c``) for weights in groups of 32
-inputs: GGUF's Q8_0 (int8), Q4_0, Q4_1 and Q4_K (int4, one scale and min per 32), and a float
-checkpoint quantized to int4 at load.
+"""Quantized matmuls on the CPU in C (``csrc/block_quant.c``) for every GGUF block type of
+llama.cpp's presets, executed as stored: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+Q6_K, IQ4_NL and IQ4_XS, F16 and BF16 kept at 16 bits (widened to float32 in registers and
+multiplied by the float activations), a fused projection's row segments of different types
+in one call, and a float checkpoint quantized to int4 / int8 in groups of 32 at load (as
+Q4_1 / Q8_0).
 
-Computed as GGUF's own CPU runtime computes them, with one choice: each activation row is
-quantized per block of 32 to integers, one integer dot product per (weight block, activation
-block), the file's scales (float16, held exactly in float32) applied in float32.
+The weight is repacked once at load, in C on all threads, straight from the file's blocks
+into the kernel's packed form (``csrc/bq_layout.h``): 16 output rows interleaved, codes as
+bit planes, the file's own float16 scales and integer sub-block scales, so that it takes the
+file's bytes (at most 4% more: Q4_K 148 bytes per 256 inputs against 144). Every packed
+weight reads back exactly as ``gguf.quants.dequantize`` reads the file (``lookup``: a tied or
+untied embedding looks its rows up there).
 
-- int8 activations (the default), rounded as that runtime rounds them (a float16 scale,
-  float16 block sums for weights with mins): about 0.5% of each output. A layer's output
-  matches an emulation of llama.cpp's own q8_1 x Q4_1 dot product to 1e-7. Greedy tokens
-  agree with llama.cpp's on SmolLM2's Q4_1 file (``benchmarks/quantized_agreement.py``, 518
-  prompts, 32 tokens, float32) for a median of 13 leading tokens (95% interval 11-16);
-  float32 dequantization 15 (12-19), and llama.cpp's own Q4_1 run against llama.cpp on the
-  same weights in F32 16 (13-19): two engines that round differently part ways after a
-  dozen tokens on this model, while the float engines agree (median 32, 486 of 518 equal).
+Each activation row is quantized per block of 32 inputs, one integer dot product per (weight
+sub-block, activation block), the scales applied in float32 (``csrc/bq_kernel.h``):
+
+- int8 activations (the default), rounded as GGUF's CPU runtime rounds them (a float16 scale;
+  float16 block sums for the legacy types with mins): about 0.5% of each output. A layer's
+  output matches an emulation of llama.cpp's own q8_1 x Q4_1 dot product to 1e-7.
 - int16 activations (``--quantized-activations int16``, :func:`with_activations`): 2e-5 of
-  each output from the float32 product of the dequantized weight; greedy agreement as float32
-  dequantization's, about twice the compute of int8 (VNNI's 16-bit dot products take 2 inputs
-  a lane).
+  each output from the float32 product of the dequantized weight, about twice the compute.
 
-Both are closer than torch's int4 op, which rounds activations, scales and mins to bfloat16.
-
-The weight is repacked once at load into the kernel's layout (groups of 16 output rows,
-chunks of 4 inputs): 4-bit codes take 0.75 bytes an input with their scale and min (Q4_1's
-file takes 0.625), 8-bit 1.125 (Q8_0: 1.0625); a Q4_0 weight, whose min is always -8 times its
-scale, stores no mins.
-
-Without a C compiler (or with ``PAGEDSERVE_BLOCK_QUANT=off``) the kernel declines every weight
-and the dispatch falls back to torch's ops (``cpu_quantized_linear.py``).
-``PAGEDSERVE_BLOCK_QUANT=portable`` runs the portable C loop instead of the AVX-512 VNNI one.
+The dot products run on one of three paths compiled into the one library (AVX-512 VNNI,
+AVX2 + FMA, portable C; each thread streams its run of output groups once per call, the next
+2 KiB prefetched), chosen once per process from the CPU's flags and a short timing
+(``block_quant_paths.py``, which also reads ``PAGEDSERVE_BLOCK_QUANT``); each prepared
+weight carries its path, so a test can run every path the machine has (:func:`with_path`).
+Without a C compiler, or where torch's int4 op times faster, or with
+``PAGEDSERVE_BLOCK_QUANT=off``, the kernel declines every weight and the dispatch falls back
+to torch's ops (``cpu_quantized_linear.py``).
 """
 
 from __future__ import annotations
@@ -38,148 +38,224 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from pagedserve.kernels import cpu_parallel
+from pagedserve.kernels import block_quant_paths, cpu_parallel
+from pagedserve.kernels.block_quant_weight import BlockQuantWeight, from_quantized
 from pagedserve.kernels.native_build import NativeBuildError, load_library
-from pagedserve.kernels.quantized_linear import QuantizedWeight, QuantKernel, unpack_nibbles
+from pagedserve.kernels.quantized_linear import QuantizedWeight, QuantKernel, quantize_int4
 
 logger = logging.getLogger(__name__)
 
-GROUP_SIZE = 32
-GROUP_OUT = 16  # outputs a vector register holds
-ENV = "PAGEDSERVE_BLOCK_QUANT"
+ENV = block_quant_paths.ENV
 # --quantized-activations: the integer width each activation block is quantized to.
 ACTIVATION_BITS = {"int8": 8, "int16": 16}
-# min factor of a weight stored without mins: int8 codes are offset by 128, Q4_0's min is -8d.
-INT8_FACTOR, Q4_0_FACTOR = -128.0, -8.0
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_ARGTYPES = [_P, _I, _I, _I, _P, _P, _P, _F, _I, _I, _I, _P, _I, _I, _I, _I]
+_PATH_IDS = {path: i for i, path in enumerate(block_quant_paths.PATHS)}
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_SIGNATURES = {
+    "bq_paths": ([], _I),
+    "bq_layout_info": ([_I, _P], _I),
+    "bq_packed_bytes": ([_I, _I, _I], _I),
+    "bq_repack": ([_I, _P, _I, _I, _I, _P, _I], _I),
+    "bq_dequantize_rows": ([_I, _P, _I, _I, _P, _I, _P, _I], None),
+    "bq_linear": ([_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I], None),
+}
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get(ENV, "").lower() == "off":
-        return None
     try:
-        library = load_library("block_quant_matmul")
+        library = load_library("block_quant")
     except (NativeBuildError, OSError) as exc:
         logger.warning("block-quantized C kernel unavailable, using torch's ops: %s", exc)
         return None
-    library.block_quant_linear.argtypes = _ARGTYPES
-    library.block_quant_linear.restype = None
-    library.block_quant_has_simd.restype = ctypes.c_int
+    for name, (args, result) in _SIGNATURES.items():
+        getattr(library, name).argtypes = args
+        getattr(library, name).restype = result
     return library
 
 
-def available() -> bool:
-    return _library() is not None
-
-
-def uses_simd() -> bool:
-    """Whether calls run the AVX-512 VNNI loop (built for this machine, not turned off)."""
+def cpu_paths() -> tuple[str, ...]:
+    """The dot-product paths this CPU runs, fastest first (none without the C build)."""
     library = _library()
-    return (library is not None and bool(library.block_quant_has_simd())
-            and os.environ.get(ENV, "").lower() != "portable")
+    return block_quant_paths.cpu_paths(library.bq_paths()) if library is not None else ()
+
+
+@functools.cache
+def chosen_path() -> str | None:
+    """The path every weight prepared from now on runs (None: the kernel declines), chosen
+    once per process and logged with its reason (``block_quant_paths.py``)."""
+    setting = os.environ.get(ENV, "")
+    if setting.strip().lower() == "off" or _library() is None:
+        return None
+    threads = torch.get_num_threads()
+    # On one thread: a call's compute, what tells the paths apart, without the waits of a
+    # parallel region on a machine whose cores are busy with other work.
+    torch.set_num_threads(1)
+    try:
+        choice = block_quant_paths.choose(setting, cpu_paths(), _time_path, _time_others)
+    finally:
+        torch.set_num_threads(threads)
+    if choice.path is None:
+        logger.info("block-quant kernel declines every weight: %s", choice.reason)
+    else:
+        logger.info("block-quant kernel runs %s: %s", block_quant_paths.LABELS[choice.path],
+                    choice.reason)
+    return choice.path
+
+
+def available() -> bool:
+    """Whether the kernel runs weights in this process (built, chosen, not turned off)."""
+    return chosen_path() is not None
 
 
 @dataclass(frozen=True, slots=True)
 class BlockQuantState:
-    codes: torch.Tensor  # uint8, the kernel's tiled layout
-    scales: torch.Tensor  # float32 [out_padded / 16, blocks, 16]
-    mins: torch.Tensor | None  # float32 like scales; None: scales * factor
-    factor: float  # of the mins, or of the scales where there are none
-    bits: int
+    packed: torch.Tensor  # uint8: every segment's packed form, one after another
+    segments: torch.Tensor  # int64 [segments, 4]: ggml type, rows, byte offset, first column
     in_features: int
+    padded_in: int  # inputs the blocks cover
     out_features: int
+    path: str
+    types: tuple[str, ...]
     activation_bits: int = 8
+    # What every call passes to C, computed once (a call at one row is mostly overhead).
+    call_args: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        args = (self.in_features, self.padded_in, self.packed.data_ptr(),
+                self.segments.data_ptr(), self.segments.shape[0])
+        object.__setattr__(self, "call_args", args)
 
 
-def _supports(qw: QuantizedWeight, device: torch.device) -> bool:
-    return (device.type == "cpu" and qw.group_size == GROUP_SIZE
-            and qw.scheme in ("int8", "int4") and available())
+def _as_blocks(weight: BlockQuantWeight | QuantizedWeight) -> BlockQuantWeight | None:
+    if isinstance(weight, BlockQuantWeight):
+        return weight
+    return from_quantized(weight) if isinstance(weight, QuantizedWeight) else None
 
 
-def _padded(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    return F.pad(t, (0, cols - t.shape[1], 0, rows - t.shape[0]))
+def _runs(weight: BlockQuantWeight) -> bool:
+    library = _library()
+    return all(library.bq_packed_bytes(s.type_id, s.rows, s.padded_in) > 0
+               for s in weight.segments)
 
 
-def _tiled(codes: torch.Tensor) -> torch.Tensor:
-    """[out_padded, in_padded] codes -> [groups, blocks, chunks of 4 inputs, 16 outputs, 4]."""
-    n_pad, k_pad = codes.shape
-    return codes.view(n_pad // GROUP_OUT, GROUP_OUT, k_pad // GROUP_SIZE, 8, 4).permute(
-        0, 2, 3, 1, 4)
+def _supports(weight: BlockQuantWeight | QuantizedWeight, device: torch.device) -> bool:
+    if device.type != "cpu" or not available():
+        return False
+    blocks = _as_blocks(weight)
+    return blocks is not None and _runs(blocks)
 
 
-def _prepare(qw: QuantizedWeight, activation_bits: int = 8) -> BlockQuantState:
-    n_pad = -(-qw.out_features // GROUP_OUT) * GROUP_OUT
-    k_pad = qw.padded_in_features
-    blocks = k_pad // GROUP_SIZE
-    scales = _grouped_scales(qw.scales, n_pad)
-    if qw.scheme == "int8":
-        codes = _tiled(_padded(qw.qweight, n_pad, k_pad).view(torch.uint8) ^ 0x80)
-        mins, factor, bits = None, INT8_FACTOR, 8
-    else:
-        tiled = _tiled(_padded(unpack_nibbles(qw.qweight), n_pad, k_pad))
-        codes = tiled[:, :, 0::2] | (tiled[:, :, 1::2] << 4)
-        assert qw.mins is not None
-        if torch.equal(qw.mins, Q4_0_FACTOR * qw.scales):
-            mins, factor = None, Q4_0_FACTOR
-        else:
-            mins, factor = _grouped_scales(qw.mins, n_pad), 1.0
-        bits = 4
-    assert blocks * GROUP_SIZE == k_pad
-    return BlockQuantState(codes.contiguous().view(-1), scales, mins, factor, bits,
-                           qw.in_features, qw.out_features, activation_bits)
-
-
-def _grouped_scales(t: torch.Tensor, n_pad: int) -> torch.Tensor:
-    """[out, blocks] -> [groups, blocks, 16] float32."""
-    t = _padded(t, n_pad, t.shape[1])
-    return t.view(n_pad // GROUP_OUT, GROUP_OUT, -1).transpose(1, 2).contiguous()
+def _prepare(weight: BlockQuantWeight | QuantizedWeight, activation_bits: int = 8,
+             path: str | None = None) -> BlockQuantState:
+    library = _library()
+    path = path or chosen_path()
+    blocks = _as_blocks(weight)
+    if library is None or path is None or blocks is None or not _runs(blocks):
+        raise ValueError("the block-quant kernel does not run this weight here")
+    k = blocks.padded_in_features
+    sizes = [library.bq_packed_bytes(s.type_id, s.rows, k) for s in blocks.segments]
+    packed = torch.empty(sum(sizes), dtype=torch.uint8)
+    table, offset, column = [], 0, 0
+    threads = torch.get_num_threads()
+    for seg, size in zip(blocks.segments, sizes, strict=True):
+        raw = seg.raw if seg.raw.stride(-1) == 1 else seg.raw.contiguous()
+        library.bq_repack(seg.type_id, raw.data_ptr(), raw.stride(0), seg.rows, k,
+                          packed.data_ptr() + offset, threads)
+        table.append([seg.type_id, seg.rows, offset, column])
+        offset, column = offset + size, column + seg.rows
+    return BlockQuantState(packed, torch.tensor(table, dtype=torch.int64), blocks.in_features,
+                           k, blocks.out_features, path, blocks.type_names, activation_bits)
 
 
 def _linear(x: torch.Tensor, state: BlockQuantState, bias: torch.Tensor | None) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    if rows.dtype != torch.float32:
+        rows = rows.float()
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
     m, n = rows.shape[0], state.out_features
     y = torch.empty(m, n, dtype=torch.float32)
-    k_pad = state.scales.shape[1] * GROUP_SIZE
     threads = cpu_parallel.threads_for(m * n * state.in_features // 16)
-    _library().block_quant_linear(
-        rows.data_ptr(), rows.stride(0), m, state.in_features, state.codes.data_ptr(),
-        state.scales.data_ptr(), None if state.mins is None else state.mins.data_ptr(),
-        state.factor, state.bits, n, k_pad, y.data_ptr(), n, threads, int(uses_simd()),
-        state.activation_bits)
-    y = y.to(x.dtype).reshape(*x.shape[:-1], n)
+    _library().bq_linear(rows.data_ptr(), rows.stride(0), m, *state.call_args, y.data_ptr(), n,
+                         threads, _PATH_IDS[state.path], state.activation_bits)
+    if x.dtype != torch.float32:
+        y = y.to(x.dtype)
+    if x.dim() != 2:
+        y = y.reshape(*x.shape[:-1], n)
     return y if bias is None else y + bias
 
 
 def _nbytes(state: BlockQuantState) -> int:
-    parts = [state.codes, state.scales] + ([state.mins] if state.mins is not None else [])
-    return sum(p.numel() * p.element_size() for p in parts)
+    return state.packed.numel() + state.segments.numel() * 8
 
 
 def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Output rows ``ids`` of the weight, dequantized: w = u d + factor M."""
-    groups, blocks, _ = state.scales.shape
-    group, lane = ids // GROUP_OUT, ids % GROUP_OUT
-    if state.bits == 8:
-        packed = state.codes.view(groups, blocks, 8, GROUP_OUT, 4)[group, :, :, lane]
-        codes = packed.reshape(len(ids), blocks, GROUP_SIZE)
-    else:
-        packed = state.codes.view(groups, blocks, 4, GROUP_OUT, 4)[group, :, :, lane]
-        codes = torch.stack([packed & 15, packed >> 4], dim=3).reshape(len(ids), blocks,
-                                                                         GROUP_SIZE)
-    scales = state.scales[group, :, lane]
-    offsets = (state.scales if state.mins is None else state.mins)[group, :, lane]
-    w = codes.float() * scales[..., None] + state.factor * offsets[..., None]
-    return w.reshape(len(ids), -1)[:, : state.in_features].to(dtype)
+    """Output rows ``ids`` of the weight, dequantized as gguf dequantizes the file's blocks."""
+    ids = ids.reshape(-1).to(torch.int64)
+    out = torch.empty(len(ids), state.padded_in, dtype=torch.float32)
+    table = state.segments.tolist()
+    for type_id, rows, offset, column in table:
+        mine = None if len(table) == 1 else ((ids >= column) & (ids < column + rows)).nonzero()
+        local = ids.contiguous() if mine is None else (ids[mine[:, 0]] - column).contiguous()
+        part = out if mine is None else torch.empty(len(local), state.padded_in)
+        _library().bq_dequantize_rows(type_id, state.packed.data_ptr() + offset, rows,
+                                      state.padded_in, local.data_ptr(), len(local),
+                                      part.data_ptr(), cpu_parallel.threads_for(part.numel()))
+        if mine is not None:
+            out[mine[:, 0]] = part
+    out = out if state.in_features == state.padded_in else out[:, : state.in_features]
+    return out.to(dtype)
+
+
+def _time_path(path: str) -> float:
+    state = _probe_state(path)
+    return sum(block_quant_paths.best_seconds(functools.partial(_linear, x, state, None))
+               for x in _probe_inputs())
+
+
+def _time_others() -> dict[str, float]:
+    return {name: sum(block_quant_paths.best_seconds(functools.partial(call, x))
+                      for x in _probe_inputs())
+            for name, call in _probe_others().items()}
+
+
+@functools.cache
+def _probe_state(path: str) -> BlockQuantState:
+    return _prepare(_probe_weight(), path=path)
+
+
+@functools.cache
+def _probe_others() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    """torch's int4 op (what runs these weights without this kernel) and float32."""
+    from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL
+
+    weight = _probe_weight()
+    calls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}
+    if INT4_KERNEL.supports(weight, torch.device("cpu")):
+        state = INT4_KERNEL.prepare(weight)
+        calls["torch int4 op"] = lambda x: INT4_KERNEL.linear(x, state, None)
+    dense = torch.randn(*block_quant_paths.PROBE_SHAPE,
+                        generator=torch.Generator().manual_seed(0))
+    calls["float32"] = lambda x: F.linear(x, dense)
+    return calls
+
+
+@functools.cache
+def _probe_weight() -> QuantizedWeight:
+    gen = torch.Generator().manual_seed(0)
+    return quantize_int4(torch.randn(*block_quant_paths.PROBE_SHAPE, generator=gen), 32)
+
+
+def _probe_inputs() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randn(rows, block_quant_paths.PROBE_SHAPE[1], generator=gen)
+            for rows in block_quant_paths.PROBE_ROWS]
 
 
 BLOCK_QUANT_KERNEL = QuantKernel("block-quant-dot (C)", _supports, _prepare, _linear, _nbytes,
@@ -198,3 +274,16 @@ def with_activations(kernels: Iterable[QuantKernel], activations: str) -> tuple[
         BLOCK_QUANT_KERNEL, name=f"block-quant-dot (C, {activations} activations)",
         prepare=functools.partial(_prepare, activation_bits=ACTIVATION_BITS[activations]))
     return tuple(variant if kernel is BLOCK_QUANT_KERNEL else kernel for kernel in kernels)
+
+
+def with_path(path: str, activations: str = "int8") -> QuantKernel:
+    """The block-quant kernel forced onto ``path`` (one of ``cpu_paths()``): for tests and
+    benchmarks that run every path this machine has."""
+    if path not in cpu_paths():
+        raise ValueError(f"this CPU runs the paths {', '.join(cpu_paths()) or 'none'}, "
+                         f"not {path!r}")
+    return dataclasses.replace(
+        BLOCK_QUANT_KERNEL, name=f"block-quant-dot (C, {path})",
+        supports=lambda weight, device: device.type == "cpu" and _as_blocks(weight) is not None,
+        prepare=functools.partial(_prepare, activation_bits=ACTIVATION_BITS[activations],
+                                  path=path))

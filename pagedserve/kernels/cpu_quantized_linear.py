@@ -58,8 +58,8 @@ class _Int8State:
 
 
 def _int8_supports(qw: QuantizedWeight, device: torch.device) -> bool:
-    return (device.type == "cpu" and qw.scheme == "int8" and qw.num_groups == 1
-            and _has_op("_weight_int8pack_mm"))
+    return (device.type == "cpu" and isinstance(qw, QuantizedWeight) and qw.scheme == "int8"
+            and qw.num_groups == 1 and _has_op("_weight_int8pack_mm"))
 
 
 def _int8_prepare(qw: QuantizedWeight) -> _Int8State:
@@ -98,8 +98,8 @@ class _Int4State:
 
 
 def _int4_supports(qw: QuantizedWeight, device: torch.device) -> bool:
-    return (device.type == "cpu" and qw.scheme == "int4" and qw.group_size in INT4_GROUP_SIZES
-            and _has_op("_weight_int4pack_mm_for_cpu"))
+    return (device.type == "cpu" and isinstance(qw, QuantizedWeight) and qw.scheme == "int4"
+            and qw.group_size in INT4_GROUP_SIZES and _has_op("_weight_int4pack_mm_for_cpu"))
 
 
 def _int4_prepare(qw: QuantizedWeight) -> _Int4State:

@@ -1,7 +1,9 @@
 """Building and loading the C kernels in ``kernels/csrc`` for this machine.
 
 Each source is compiled once per machine (``-O3 -march=native``, so the host's vector units
-are used) into ``$PAGEDSERVE_CACHE_DIR/kernels``, keyed by a hash of the source and headers,
+are used; a source that picks its vector path at run time is built for the x86-64-v2 baseline
+instead, its paths carrying their own target attributes) into
+``$PAGEDSERVE_CACHE_DIR/kernels``, keyed by a hash of the source and headers,
 the flags, the compiler and the processor, and loaded with ``ctypes``. A build is written
 under a temporary name and renamed, so concurrent processes (tensor-parallel ranks, test
 workers) never load a partial file. No Python headers and no torch headers are needed: the
@@ -28,6 +30,11 @@ SOURCE_DIR = Path(__file__).with_name("csrc")
 # the copy torch has already loaded: the kernels run on torch's threads (cpu_parallel.py).
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math", "-fopenmp", "-fPIC", "-shared")
+# Sources that choose their vector paths at run time (each path a function with its own target
+# attributes) are built for the x86-64 baseline on x86, so that a path that is not chosen never
+# leaks into the others: the AVX2 path stays AVX2 on an AVX-512 machine.
+RUNTIME_DISPATCH = frozenset({"block_quant"})
+X86_BASELINE = ("-march=x86-64-v2", "-mtune=native")
 
 
 class NativeBuildError(RuntimeError):
@@ -51,13 +58,19 @@ def _host() -> bytes:
     return "\n".join([platform.machine(), platform.processor(), *ident]).encode()
 
 
-def _build_key(source: bytes, compiler: str) -> str:
+def _flags(name: str) -> tuple[str, ...]:
+    if name in RUNTIME_DISPATCH and platform.machine().lower() in ("x86_64", "amd64"):
+        return tuple(f for f in FLAGS if f != "-march=native") + X86_BASELINE
+    return FLAGS
+
+
+def _build_key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     """A hash of the source, the headers it may include, the flags, the compiler and the
     processor."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              check=False).stdout
     headers = b"".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
-    digest = hashlib.sha256(source + headers + " ".join(FLAGS).encode() + version.encode()
+    digest = hashlib.sha256(source + headers + " ".join(flags).encode() + version.encode()
                             + _host())
     return digest.hexdigest()[:16]
 
@@ -71,12 +84,13 @@ def load_library(name: str) -> ctypes.CDLL:
     source_path = SOURCE_DIR / f"{name}.c"
     source = source_path.read_bytes()
     out_dir = default_cache_dir() / "kernels"
-    target = out_dir / f"{name}-{_build_key(source, compiler)}.so"
+    flags = _flags(name)
+    target = out_dir / f"{name}-{_build_key(source, compiler, flags)}.so"
     if not target.exists():
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
             partial = Path(tmp) / target.name
-            result = subprocess.run([compiler, *FLAGS, "-o", str(partial), str(source_path)],
+            result = subprocess.run([compiler, *flags, "-o", str(partial), str(source_path)],
                                     capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise NativeBuildError(f"compiling {source_path.name} with {compiler} failed:\n"

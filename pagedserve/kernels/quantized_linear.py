@@ -98,19 +98,22 @@ def _grouped(weight: torch.Tensor, group_size: int) -> torch.Tensor:
 
 def quantize_int8(weight: torch.Tensor, group_size: int | None = None) -> QuantizedWeight:
     """Symmetric int8 of a float [out, in] weight: one scale per ``group_size`` inputs, or per
-    output channel when ``group_size`` is None (round to nearest, codes -127..127)."""
+    output channel when ``group_size`` is None (round to nearest, codes -127..127). Group scales
+    are then rounded to float16, as GGUF's Q8_0 stores them."""
     n, k = weight.shape
     g = group_size or k
     w = _grouped(weight, g)
     scales = w.abs().amax(-1) / 127
     q = torch.round(w / scales.clamp_min(torch.finfo(torch.float32).tiny)[..., None])
+    if group_size is not None:
+        scales = _float16_rounded(scales)
     return QuantizedWeight("int8", n, k, g, q.clamp_(-127, 127).to(torch.int8).reshape(n, -1),
                            scales.contiguous())
 
 
 def quantize_int4(weight: torch.Tensor, group_size: int = 32) -> QuantizedWeight:
     """Asymmetric int4 of a float [out, in] weight (GGUF Q4_1's rule: each group's min and
-    its range over 15 steps)."""
+    its range over 15 steps pick the codes, then scale and min are rounded to float16)."""
     n, k = weight.shape
     w = _grouped(weight, group_size)
     real = torch.arange(w.shape[1] * group_size).reshape(w.shape[1], group_size) < k
@@ -120,8 +123,14 @@ def quantize_int4(weight: torch.Tensor, group_size: int = 32) -> QuantizedWeight
     safe = torch.where(scales > 0, scales, 1.0)
     q = torch.round((w - lo[..., None]) / safe[..., None]).clamp_(0, 15)
     q = torch.where(real, q, 0).to(torch.uint8).reshape(n, -1)
-    return QuantizedWeight("int4", n, k, group_size, pack_nibbles(q), scales.contiguous(),
-                           lo.contiguous())
+    return QuantizedWeight("int4", n, k, group_size, pack_nibbles(q),
+                           _float16_rounded(scales).contiguous(), _float16_rounded(lo).contiguous())
+
+
+def _float16_rounded(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values rounded to float16 where float16 holds them (finite)."""
+    rounded = t.half().float()
+    return torch.where(torch.isfinite(rounded), rounded, t)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -135,8 +144,11 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed >> 4, packed & 15], dim=-1).reshape(packed.shape[0], -1)
 
 
-def dequantize(qw: QuantizedWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The float weight [out, in] that ``qw`` stands for."""
+def dequantize(qw: Any, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The float weight [out, in] that ``qw`` stands for (a ``QuantizedWeight``, or any weight
+    with a ``dequantize(dtype)`` method: a ``BlockQuantWeight``)."""
+    if not isinstance(qw, QuantizedWeight):
+        return qw.dequantize(dtype)
     n, g = qw.out_features, qw.group_size
     if qw.scheme == "int8":
         codes = qw.qweight.float().reshape(n, -1, g)

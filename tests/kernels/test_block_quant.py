@@ -1,23 +1,30 @@
-"""The C block-quantized kernel (``cpu_block_quant.py``) against two references, for each GGUF
-block type, on output counts that are not multiples of its 16-output groups and row counts
-that are not multiples of its 8-row tiles, through the AVX-512 VNNI loop and the portable one:
+"""The C block-quant kernel (``cpu_block_quant.py``), for every GGUF block type it runs, through
+every dot-product path this machine has (AVX-512 VNNI, AVX2, portable), on output counts that
+are not multiples of its 16-output groups and row counts that are not multiples of its 8-row
+tiles:
 
-- exactly (to float32 rounding) the activation quantized as the kernel quantizes it (int8 per
-  block of 32, float16-rounded scale, round half to even; for a weight with mins, the block's
-  sum rounded to float16) times the dequantized weight: the integer dot products and the
-  block scales are right;
-- within 1.5% the float activation times ``gguf.quants.dequantize`` of the file's blocks: what
-  the int8 activations cost.
+- the packed weight reads back exactly as ``gguf.quants.dequantize`` reads the file's blocks
+  (random blocks, float16 scales at their extremes included);
+- the matmul equals, to float32 rounding, the activation quantized as the kernel quantizes it
+  (per block of 32, int8 with a float16-rounded scale or int16, round half to even; for the
+  legacy types with mins, the block's scaled sum rounded to float16) times the dequantized
+  weight, and is within 1.5% (int8) of the float activation's product;
+- a weight of row segments of different types runs in one call as each type alone.
 """
 
 from __future__ import annotations
+
+import ctypes
+import logging
+import subprocess
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from pagedserve.kernels import cpu_block_quant, native_build
+from pagedserve.kernels import block_quant_paths, cpu_block_quant, native_build
+from pagedserve.kernels.block_quant_weight import GGUF_BLOCKS, concat_rows, from_gguf
 from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
 from pagedserve.kernels.cpu_quantized_linear import CPU_KERNELS, INT4_KERNEL, INT8_KERNEL
 from pagedserve.kernels.quantized_linear import (
@@ -26,50 +33,61 @@ from pagedserve.kernels.quantized_linear import (
     quantize_int4,
     quantize_int8,
 )
-from pagedserve.server.models.gguf_repack import repack
+from tests.gguf_blocks import random_blocks
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
-PATHS = ["simd", "portable"]
+TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+         T.IQ4_NL, T.IQ4_XS]
+LEGACY_MINS = (T.Q4_1, T.Q5_1)
 
 
-@pytest.fixture(params=PATHS)
-def path(request, monkeypatch) -> str:
-    if request.param == "portable":
-        monkeypatch.setenv(cpu_block_quant.ENV, "portable")
-    elif not cpu_block_quant.uses_simd():
-        pytest.skip("this machine's build has no AVX-512 VNNI loop")
+@pytest.fixture(params=block_quant_paths.PATHS)
+def path(request) -> str:
+    if request.param not in cpu_block_quant.cpu_paths():
+        pytest.skip(f"this CPU has no {request.param} path")
     return request.param
 
 
-@pytest.fixture(params=["int8", "int16"])
-def activations(request) -> int:
-    return cpu_block_quant.ACTIVATION_BITS[request.param]
+def _inputs(qtype) -> int:
+    return 512 if GGUF_BLOCKS[int(qtype)][1] == 256 else 96
 
 
-def _kernel(bits: int):
-    """The block-quant kernel quantizing activations to ``bits`` (--quantized-activations)."""
-    (kernel,) = cpu_block_quant.with_activations([BLOCK_QUANT_KERNEL], f"int{bits}")
-    return kernel
+def _weight(qtype, out: int, inp: int, seed: int, extreme: bool = False):
+    raw = random_blocks(qtype, out, inp, seed, extreme=extreme)
+    return raw, from_gguf(int(qtype), raw, (out, inp))
 
 
-def _blocks(qtype, out: int, inp: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if qtype == T.Q4_K:  # gguf cannot quantize to Q4_K: random blocks with small d, dmin
-        raw = rng.integers(0, 256, (out, inp // 256 * 144), dtype=np.uint8)
-        blocks = raw.reshape(-1, 144)
-        blocks[:, :4] = rng.uniform(0.001, 0.01, (blocks.shape[0], 2)).astype(
-            np.float16).view(np.uint8)
-        return raw
-    return gguf.quants.quantize(rng.standard_normal((out, inp)).astype(np.float32), qtype)
+def _dequantized(qtype, raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, qtype).copy())
+
+
+def test_the_kernels_layout_table_is_the_files() -> None:
+    library = cpu_block_quant._library()
+    entry = (ctypes.c_int64 * 3)()
+    table = {}
+    for i in range(library.bq_layout_info(0, entry)):
+        library.bq_layout_info(i, entry)
+        table[entry[0]] = (entry[1], entry[2])
+    assert table == {t: (block, size) for t, (_, block, size) in GGUF_BLOCKS.items()}
+    for type_id, (block, size) in table.items():
+        assert tuple(gguf.GGML_QUANT_SIZES[T(type_id)]) == (block, size)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_packed_rows_read_back_as_gguf_dequantizes(qtype) -> None:
+    raw, weight = _weight(qtype, 37, _inputs(qtype), 1, extreme=True)
+    state = BLOCK_QUANT_KERNEL.prepare(weight)
+    ids = torch.tensor([36, 0, 17, 17, 5, *range(37)])
+    rows = BLOCK_QUANT_KERNEL.lookup(state, ids, torch.float32)
+    assert torch.equal(rows, _dequantized(qtype, raw)[ids])
 
 
 def _as_quantized(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x with each block of 32 quantized as the kernel does (int8: float16-rounded scale;
-    int16: float32 scale; round half to even), and back to float; and each block's sum as the
-    kernel keeps it for a weight with mins (int8: rounded to float16, as GGUF's runtime)."""
+    """x with each block of 32 quantized as the kernel does, back in float; and per block the
+    error of the scaled sum the legacy mins multiply (rounded to float16 for int8)."""
     rows, k = x.shape
     top = 127 if bits == 8 else 32767
     blocks = F.pad(x, (0, -k % 32)).view(rows, -1, 32)
@@ -78,109 +96,190 @@ def _as_quantized(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tenso
     d = amax / top
     sums = q.sum(-1) * d[..., 0]
     if bits == 8:
-        d, sums = d.half().float(), sums.half().float()
-    return (q * d).view(rows, -1)[:, :k], sums
+        d = d.half().float()
+        error = sums.half().float().double() - q.sum(-1).double() * d[..., 0].double()
+    else:
+        error = sums.double() - q.sum(-1).double() * d[..., 0].double()
+    return (q * d).view(rows, -1)[:, :k], error
 
 
-def _check(weight, reference: torch.Tensor, rows: int, seed: int, bits: int) -> None:
+def _check(kernel, qtype, raw: np.ndarray, weight, rows: int, seed: int, bits: int) -> None:
     x = torch.randn(rows, weight.in_features, generator=torch.Generator().manual_seed(seed))
-    kernel = _kernel(bits)
-    assert kernel.supports(weight, CPU)
     state = kernel.prepare(weight)
     assert state.activation_bits == bits
     y = kernel.linear(x, state, None)
     assert y.shape == (rows, weight.out_features) and y.dtype == torch.float32
-    quantized, sums = _as_quantized(x, bits)
-    if state.mins is None:
-        exact = quantized.double() @ reference.double().T
-    else:  # the codes' part from the quantized x, the mins' from the rounded block sums
-        mins = weight.mins.repeat_interleave(32, dim=1)[:, : weight.in_features]
-        exact = (quantized.double() @ (reference - mins).double().T
-                 + sums.double() @ weight.mins.double().T)
+    reference = _dequantized(qtype, raw)
+    quantized, sum_error = _as_quantized(x, bits)
+    exact = quantized.double() @ reference.double().T
+    if qtype in LEGACY_MINS:  # the mins times the rounding of each block's scaled sum
+        blocks = raw.reshape(raw.shape[0], -1, GGUF_BLOCKS[int(qtype)][2])
+        mins = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0]).double()
+        exact += sum_error @ mins.T
     scale = exact.abs().amax(1, keepdim=True)
-    # int16 sums pass 2^24 and cancel against the offsets' terms: float32 keeps 1e-5 of them.
     atol = 2e-6 if bits == 8 else 3e-5
     torch.testing.assert_close(y.double() / scale, exact / scale, rtol=0, atol=atol)
     plain = x.double() @ reference.double().T
     assert float((y.double() - plain).norm() / plain.norm()) < (0.015 if bits == 8 else 1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 33, 70])  # 70: two chunks of rows, a partial tile
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_every_type_matches_its_dequantization(path, qtype, rows) -> None:
+    raw, weight = _weight(qtype, 37, _inputs(qtype), rows)
+    _check(cpu_block_quant.with_path(path), qtype, raw, weight, rows, rows, 8)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_int16_activations_match_closer(path, qtype) -> None:
+    raw, weight = _weight(qtype, 21, _inputs(qtype), 3)
+    _check(cpu_block_quant.with_path(path, "int16"), qtype, raw, weight, 9, 4, 16)
+
+
 @pytest.mark.parametrize("rows", [1, 7, 33])
-@pytest.mark.parametrize(("qtype", "out", "inp"), [(T.Q4_0, 33, 96), (T.Q4_1, 50, 160),
-                                                   (T.Q8_0, 7, 64), (T.Q4_K, 17, 256)])
-def test_gguf_blocks_match_their_dequantization(path, activations, qtype, out, inp,
-                                                rows) -> None:
-    raw = _blocks(qtype, out, inp, rows)
-    weight = repack(int(qtype), raw, (out, inp))
-    reference = torch.from_numpy(gguf.quants.dequantize(raw, qtype).copy())
-    _check(weight, reference, rows, out, activations)
+@pytest.mark.parametrize("qtype", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_16_bit_weights_stay_16_bit(path, qtype, rows) -> None:
+    w = torch.randn(37, 96, generator=torch.Generator().manual_seed(rows))
+    stored = w.half() if qtype == T.F16 else w.bfloat16()
+    weight = from_gguf(int(qtype), stored.view(torch.uint8), (37, 96))
+    kernel = cpu_block_quant.with_path(path)
+    state = kernel.prepare(weight)
+    assert state.packed.numel() == 48 * 96 * 2  # 16 bits a weight, rows padded to 16
+    ids = torch.tensor([36, 0, 17, 17])
+    assert torch.equal(kernel.lookup(state, ids, torch.float32), stored.float()[ids])
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1))
+    exact = x.double() @ stored.double().T
+    y = kernel.linear(x, state, None)
+    torch.testing.assert_close(y.double(), exact, rtol=0, atol=1e-5 * float(exact.abs().max()))
 
 
-@pytest.mark.parametrize("rows", [1, 70])  # 70: two chunks of rows, a partial tile in each
 @pytest.mark.parametrize(("scheme", "inp"), [("int4", 31), ("int8", 40)])
-def test_float_weights_quantized_in_groups_of_32(path, activations, scheme, inp, rows) -> None:
+def test_float_weights_quantized_in_groups_of_32(path, scheme, inp) -> None:
     w = torch.randn(21, inp, generator=torch.Generator().manual_seed(inp))
     weight = quantize_int4(w, 32) if scheme == "int4" else quantize_int8(w, 32)
-    _check(weight, dequantize(weight), rows, rows, activations)
+    kernel = cpu_block_quant.with_path(path)
+    x = torch.randn(5, inp, generator=torch.Generator().manual_seed(0))
+    y = kernel.linear(x, kernel.prepare(weight), None)
+    reference = x @ dequantize(weight).T
+    assert float((y - reference).norm() / reference.norm()) < 0.015
 
 
-def test_simd_and_portable_loops_agree(activations, monkeypatch) -> None:
-    weight = repack(int(T.Q4_1), _blocks(T.Q4_1, 40, 128, 3), (40, 128))
-    state = _kernel(activations).prepare(weight)
-    x = torch.randn(2, 3, 128, generator=torch.Generator().manual_seed(1))
-    simd = BLOCK_QUANT_KERNEL.linear(x, state, None)
-    monkeypatch.setenv(cpu_block_quant.ENV, "portable")
-    portable = BLOCK_QUANT_KERNEL.linear(x, state, None)
-    assert simd.shape == (2, 3, 40)
-    torch.testing.assert_close(simd, portable, rtol=1e-5, atol=1e-5)
+def test_row_segments_of_different_types_run_in_one_call(path) -> None:
+    parts = [_weight(T.Q4_K, 20, 256, 1), _weight(T.Q6_K, 9, 256, 2), _weight(T.Q4_K, 16, 256, 3),
+             _weight(T.Q8_0, 3, 256, 4)]
+    kernel = cpu_block_quant.with_path(path)
+    fused = kernel.prepare(concat_rows([w for _, w in parts]))
+    assert fused.types == ("Q4_K", "Q6_K", "Q8_0")
+    x = torch.randn(11, 256, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([kernel.linear(x, kernel.prepare(w), None) for _, w in parts], dim=1)
+    assert torch.equal(kernel.linear(x, fused, None), alone)
+    ids = torch.tensor([47, 0, 20, 28, 29, 44, 45, 3])
+    table = torch.cat([_dequantized(t, raw) for t, (raw, _) in
+                       zip([T.Q4_K, T.Q6_K, T.Q4_K, T.Q8_0], parts, strict=True)])
+    assert torch.equal(kernel.lookup(fused, ids, torch.float32), table[ids])
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_packed_bytes_stay_near_the_files(qtype) -> None:
+    raw, weight = _weight(qtype, 64, 2048, 0)
+    state = BLOCK_QUANT_KERNEL.prepare(weight)
+    assert state.packed.numel() <= 1.04 * raw.nbytes
+    assert BLOCK_QUANT_KERNEL.state_nbytes(state) == state.packed.numel() + 32
 
 
 def test_bias_and_the_callers_dtype() -> None:
-    weight = repack(int(T.Q8_0), _blocks(T.Q8_0, 24, 64, 4), (24, 64))
+    _, weight = _weight(T.Q8_0, 24, 64, 4)
     state = BLOCK_QUANT_KERNEL.prepare(weight)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(24, generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(BLOCK_QUANT_KERNEL.linear(x, state, bias),
                                BLOCK_QUANT_KERNEL.linear(x, state, None) + bias)
-    y = BLOCK_QUANT_KERNEL.linear(x.bfloat16(), state, bias.bfloat16())
-    assert y.dtype == torch.bfloat16
+    assert BLOCK_QUANT_KERNEL.linear(x.bfloat16(), state, bias.bfloat16()).dtype == torch.bfloat16
 
 
-def test_memory_stays_near_the_files() -> None:
-    out, inp = 64, 576
-    for qtype, bound in ((T.Q4_1, 1.2), (T.Q8_0, 1.06), (T.Q4_0, 1.12)):
-        raw = _blocks(qtype, out, inp, 5)
-        state = BLOCK_QUANT_KERNEL.prepare(repack(int(qtype), raw, (out, inp)))
-        assert BLOCK_QUANT_KERNEL.state_nbytes(state) <= bound * raw.nbytes, qtype.name
-        assert (state.mins is None) == (qtype != T.Q4_1)
-
-
-def test_dispatch_prefers_it_for_groups_of_32_only() -> None:
+def test_dispatch_takes_blocks_and_float16_scaled_groups_of_32() -> None:
     w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    assert choose_kernel(CPU_KERNELS, _weight(T.Q6_K, 16, 256, 0)[1], CPU) is BLOCK_QUANT_KERNEL
     assert choose_kernel(CPU_KERNELS, quantize_int4(w, 32), CPU) is BLOCK_QUANT_KERNEL
     assert choose_kernel(CPU_KERNELS, quantize_int8(w, 32), CPU) is BLOCK_QUANT_KERNEL
     assert choose_kernel(CPU_KERNELS, quantize_int8(w), CPU) is INT8_KERNEL  # per channel
     assert choose_kernel(CPU_KERNELS, quantize_int4(w, 64), CPU) is INT4_KERNEL
 
 
-def test_without_the_c_build_torch_ops_take_over(monkeypatch) -> None:
+def test_off_leaves_every_weight_to_torchs_ops(monkeypatch) -> None:
     monkeypatch.setenv(cpu_block_quant.ENV, "off")
-    cpu_block_quant._library.cache_clear()
+    cpu_block_quant.chosen_path.cache_clear()
     try:
         w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
         assert choose_kernel(CPU_KERNELS, quantize_int4(w, 32), CPU) is INT4_KERNEL
     finally:
         monkeypatch.delenv(cpu_block_quant.ENV)
-        cpu_block_quant._library.cache_clear()
+        cpu_block_quant.chosen_path.cache_clear()
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0])
-def test_rows_are_looked_up_as_stored(qtype) -> None:
-    weight = repack(int(qtype), _blocks(qtype, 37, 96, 6), (37, 96))
-    state = BLOCK_QUANT_KERNEL.prepare(weight)
-    ids = torch.tensor([0, 36, 17, 17, 5])
-    rows = BLOCK_QUANT_KERNEL.lookup(state, ids, torch.float32)
-    assert torch.equal(rows, dequantize(weight)[ids])
+def test_a_forced_path_is_read_once_into_each_weight(monkeypatch) -> None:
+    _, weight = _weight(T.Q4_0, 16, 64, 0)
+    for path in cpu_block_quant.cpu_paths():
+        monkeypatch.setenv(cpu_block_quant.ENV, path)
+        cpu_block_quant.chosen_path.cache_clear()
+        state = BLOCK_QUANT_KERNEL.prepare(weight)
+        monkeypatch.setenv(cpu_block_quant.ENV, "off")
+        assert state.path == path and cpu_block_quant.chosen_path() == path
+    cpu_block_quant.chosen_path.cache_clear()
+
+
+def _choose(setting: str, available: tuple[str, ...], torch_us: float = 500.0):
+    times = {"vnni": 40e-6, "avx2": 60e-6, "portable": 300e-6}
+    return block_quant_paths.choose(setting, available, times.__getitem__,
+                                    lambda: {"torch int4 op": torch_us * 1e-6, "float32": 1e-3})
+
+
+def test_the_choice_is_the_fastest_path_and_says_why(caplog) -> None:
+    assert _choose("", ("vnni", "avx2", "portable")) == block_quant_paths.PathChoice(
+        "vnni", "CPU flags allow AVX-512 VNNI, AVX2, portable C; timed fastest (AVX-512 VNNI "
+                "40 us, AVX2 60 us, portable C 300 us, torch int4 op 500 us, float32 1000 us)")
+    assert _choose("auto", ("avx2", "portable")).path == "avx2"
+    assert _choose("portable", ("vnni", "portable")).reason == (
+        "forced by PAGEDSERVE_BLOCK_QUANT=portable")
+    declined = _choose("auto", ("portable",), torch_us=100.0)
+    assert declined.path is None and "torch int4 op timed faster" in declined.reason
+    assert _choose("off", ("vnni",)) == block_quant_paths.PathChoice(
+        None, "PAGEDSERVE_BLOCK_QUANT=off")
+    with caplog.at_level(logging.WARNING):
+        assert _choose("vnni", ("avx2", "portable")).path == "avx2"
+        assert _choose("sse", ("portable",)).path == "portable"
+    assert "PAGEDSERVE_BLOCK_QUANT=vnni: this CPU has no AVX-512 VNNI (it has AVX2, " \
+           "portable C); choosing by timing" in caplog.text
+    assert "PAGEDSERVE_BLOCK_QUANT='sse' is not one of off, auto, portable, avx2, vnni" \
+           in caplog.text
+
+
+def test_a_build_without_the_x86_paths_runs_the_portable_one(tmp_path, monkeypatch) -> None:
+    """What an ARM machine builds: the same source with the x86 paths left out."""
+    if cpu_block_quant.cpu_paths() == ("portable",):
+        pytest.skip("this machine builds the portable path alone anyway")
+    raw, weight = _weight(T.Q4_K, 20, 256, 7)
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(8))
+    kernel = cpu_block_quant.with_path("portable")
+    expected = kernel.linear(x, kernel.prepare(weight), None)
+    target = tmp_path / "block_quant_portable.so"
+    subprocess.run([native_build.c_compiler(), *native_build._flags("block_quant"), "-DBQ_X86=0",
+                    "-o", str(target), str(native_build.SOURCE_DIR / "block_quant.c")],
+                   check=True, capture_output=True)
+    library = ctypes.CDLL(str(target))
+    for name, (args, result) in cpu_block_quant._SIGNATURES.items():
+        getattr(library, name).argtypes, getattr(library, name).restype = args, result
+    monkeypatch.setattr(cpu_block_quant, "_library", lambda: library)
+    assert cpu_block_quant.cpu_paths() == ("portable",)
+    state = cpu_block_quant.with_path("portable").prepare(weight)
+    assert torch.equal(BLOCK_QUANT_KERNEL.linear(x, state, None), expected)
+    rows = BLOCK_QUANT_KERNEL.lookup(state, torch.arange(20), torch.float32)
+    assert torch.equal(rows, _dequantized(T.Q4_K, raw))
+
+
+def test_a_path_this_cpu_lacks_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="not 'neon'"):
+        cpu_block_quant.with_path("neon")
 
 
 def test_activation_widths_are_checked_and_named() -> None:

@@ -52,7 +52,12 @@ def test_int4_round_trip_is_within_half_a_step_of_its_group(out: int, inp: int) 
     qw = quantize_int4(w, 32)
     assert qw.qweight.shape == (out, qw.padded_in_features // 2)
     steps = qw.scales.repeat_interleave(32, dim=1)[:, :inp]
-    assert ((dequantize(qw) - w).abs() <= steps / 2 + 1e-6).all()
+    mins = qw.mins.repeat_interleave(32, dim=1)[:, :inp]
+    assert torch.equal(qw.scales.half().float(), qw.scales)  # float16, as GGUF's Q4_1 stores
+    assert torch.equal(qw.mins.half().float(), qw.mins)
+    # codes chosen before scale and min are rounded to float16 (2^-11 of each, 15 steps)
+    rounding = (mins.abs() + 15 * steps) * 2**-11
+    assert ((dequantize(qw) - w).abs() <= steps / 2 + rounding + 1e-6).all()
 
 
 def test_nibbles_pack_the_even_index_high() -> None:

@@ -1,5 +1,7 @@
 """GGUF quantized blocks → ``QuantizedWeight``, exactly (every weight dequantizes to the value
-``gguf.quants.dequantize`` gives), once at load.
+``gguf.quants.dequantize`` gives), once at load: the form torch's int4 / int8 ops take, for a
+machine where the C block-quant kernel (which reads every block type as stored) is not built
+or steps aside.
 
 Block layouts (ggml's), one row of ``in / block`` blocks per output row:
 

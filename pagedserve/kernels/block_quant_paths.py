@@ -1,0 +1,92 @@
+"""Which dot-product path the block-quant kernel runs on this CPU, chosen once per process.
+
+The CPU's flags name the candidates: AVX-512 VNNI (with BW and VL), AVX2 with FMA and F16C,
+and portable C, which every machine has. A short timing at the first load (a 2048 x 2048
+Q4_1 weight at 1 and 8 rows on one thread, the candidates in turn for a few rounds, best of
+each) checks them against each other and against torch's int4 weight-only op, the kernel
+that runs these weights otherwise: the fastest wins, and where torch's op wins the kernel
+declines every weight. Two times within ``TIE`` of each other count as even (a machine shared
+with other work times the same code 10% apart from one call to the next), and the flags'
+order breaks the tie: VNNI, AVX2, portable, then torch's op. float32 ``F.linear`` on the same
+shape is timed and logged beside them. The choice and its reason are logged once.
+
+``PAGEDSERVE_BLOCK_QUANT`` (read once, at that first load): ``vnni``, ``avx2`` or
+``portable`` forces a path (one this CPU lacks is refused with a warning, and the timing
+chooses); ``off`` turns the kernel off; unset or ``auto``, the timing chooses.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+ENV = "PAGEDSERVE_BLOCK_QUANT"
+# In the C kernel's order (enum bq_path).
+PATHS = ("portable", "avx2", "vnni")
+LABELS = {"vnni": "AVX-512 VNNI", "avx2": "AVX2", "portable": "portable C"}
+PROBE_SHAPE = (2048, 2048)
+PROBE_ROWS = (1, 8)
+PROBE_CALLS = 5
+PROBE_ROUNDS = 3
+TIE = 1.1
+
+
+@dataclass(frozen=True, slots=True)
+class PathChoice:
+    """``path`` is None where the kernel declines every weight."""
+
+    path: str | None
+    reason: str
+
+
+def cpu_paths(mask: int) -> tuple[str, ...]:
+    """The paths a ``bq_paths()`` bit mask names, fastest first."""
+    return tuple(p for i, p in reversed(list(enumerate(PATHS))) if mask >> i & 1)
+
+
+def best_seconds(call: Callable[[], object], calls: int = PROBE_CALLS) -> float:
+    call()
+    best = float("inf")
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def choose(setting: str, available: tuple[str, ...], time_path: Callable[[str], float],
+           time_others: Callable[[], dict[str, float]]) -> PathChoice:
+    """The path for ``setting`` (the variable's value) among the ``available`` ones;
+    ``time_path(path)`` and ``time_others()`` (name -> seconds: torch's int4 op first where
+    this torch has it, then float32) time the probe, one round each call."""
+    setting = setting.strip().lower() or "auto"
+    if setting == "off":
+        return PathChoice(None, f"{ENV}=off")
+    if setting in PATHS:
+        if setting in available:
+            return PathChoice(setting, f"forced by {ENV}={setting}")
+        logger.warning("%s=%s: this CPU has no %s (it has %s); choosing by timing", ENV,
+                       setting, LABELS[setting], ", ".join(LABELS[p] for p in available))
+    elif setting != "auto":
+        logger.warning("%s=%r is not one of off, auto, %s; choosing by timing", ENV, setting,
+                       ", ".join(PATHS))
+    times = dict.fromkeys([LABELS[p] for p in available], float("inf"))
+    others: dict[str, float] = {}
+    for _ in range(PROBE_ROUNDS):  # in turn, so that a busy moment does not hit one alone
+        for p in available:
+            times[LABELS[p]] = min(times[LABELS[p]], time_path(p))
+        for name, seconds in time_others().items():
+            others[name] = min(others.get(name, float("inf")), seconds)
+    best = min(times.values())
+    fastest = next(p for p in available if times[LABELS[p]] <= TIE * best)
+    measured = ", ".join(f"{name} {seconds * 1e6:.0f} us" for name, seconds in
+                         [*times.items(), *others.items()])
+    flags = f"CPU flags allow {', '.join(LABELS[p] for p in available)}"
+    torch_name, torch_seconds = next(iter(others.items()))
+    if torch_name != "float32" and TIE * torch_seconds < times[LABELS[fastest]]:
+        return PathChoice(None, f"{flags}; {torch_name} timed faster ({measured})")
+    return PathChoice(fastest, f"{flags}; timed fastest ({measured})")

@@ -1,0 +1,238 @@
+/* The block-quant kernel's entry points: repack GGUF blocks into the packed form
+ * (bq_layout.h), read packed rows back as floats, and y = x W^T for a weight made of row
+ * segments of any of the types, each segment writing its slice of y's columns, all in one
+ * OpenMP region on torch's threads.
+ *
+ * Three dot-product paths are compiled into this one library, each function carrying its own
+ * target attributes, so that each can be forced (and tested) on any machine that has it:
+ * AVX-512 VNNI (bq_vnni.h), AVX2 + FMA (bq_avx2.h) and portable C (bq_portable.h).
+ * bq_paths() says which ones this CPU runs.
+ *
+ * Each thread takes a run of output groups and, for each, every row of x in tiles of up to 8:
+ * the group's codes stay in L1 while the rows read them, so a weight is read from memory once
+ * per call (once per CHUNK_ROWS rows for a long prefill).
+ */
+#include <stdlib.h>
+
+#include "bq_float16.h"
+
+#define CHUNK_ROWS 64
+
+enum bq_path { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_VNNI = 2 };
+
+/* Bit p set where this CPU runs path p. */
+int64_t bq_paths(void) {
+    int64_t paths = 1 << PATH_PORTABLE;
+#if BQ_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+        paths |= 1 << PATH_AVX2;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+        __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+        paths |= 1 << PATH_VNNI;
+#endif
+    return paths;
+}
+
+/* The layout table, for the Python side to check its own against: entry i as (type, inputs
+ * per block, bytes per block); returns the number of entries. */
+int64_t bq_layout_info(int64_t i, int64_t *out) {
+    if (i >= 0 && i < BQ_NUM_LAYOUTS) {
+        out[0] = BQ_LAYOUTS[i].type;
+        out[1] = BQ_LAYOUTS[i].block;
+        out[2] = BQ_LAYOUTS[i].file_bytes;
+    }
+    return BQ_NUM_LAYOUTS;
+}
+
+/* Bytes of the packed form of a [rows, k] weight of `type`; -1 for an unknown type or a k
+ * that is not whole blocks. */
+int64_t bq_packed_bytes(int64_t type, int64_t rows, int64_t k) {
+    const bq_layout *L = bq_find(type);
+    if (L == NULL || k <= 0 || k % L->block || k % BQ_TILE || rows <= 0) return -1;
+    const bq_seg s = bq_segment(L, NULL, k, rows);
+    return bq_segment_bytes(&s);
+}
+
+/* Packs a [rows, k] weight whose row r starts at src + r * src_stride (ggml's blocks) into
+ * dst (bq_packed_bytes of it); returns 0, or -1 where bq_packed_bytes refuses. */
+int64_t bq_repack(int64_t type, const uint8_t *src, int64_t src_stride, int64_t rows, int64_t k,
+                  uint8_t *dst, int64_t threads) {
+    const bq_layout *L = bq_find(type);
+    if (bq_packed_bytes(type, rows, k) < 0) return -1;
+    const bq_seg s = bq_segment(L, dst, k, rows);
+    const int64_t groups = s.groups;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t g = 0; g < groups; g++) {
+        if (bq_is_float16(L)) bq_pack_group16(&s, src, src_stride, rows, g);
+        else bq_pack_group(&s, src, src_stride, rows, g);
+    }
+    return 0;
+}
+
+/* out [n, k] = rows ids of the packed [rows, k] weight, as floats. */
+void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t rows, int64_t k,
+                        const int64_t *ids, int64_t n, float *out, int64_t threads) {
+    const bq_seg s = bq_segment(bq_find(type), packed, k, rows);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < n; i++) {
+        if (bq_is_float16(s.L)) bq_dequantize_row16(&s, ids[i], out + i * k);
+        else bq_dequantize_row(&s, ids[i], out + i * k);
+    }
+}
+
+/* float -> float16 -> float, rounding to nearest even, for d >= 0. */
+static float round_f16(float d) {
+    if (d < 6.103515625e-05f) { /* float16 subnormals: steps of 2^-24 */
+        const float steps = d * 16777216.0f;
+        const int32_t whole = (int32_t)steps;
+        const float frac = steps - (float)whole;
+        const int32_t up = frac > 0.5f || (frac == 0.5f && (whole & 1));
+        return (float)(whole + up) * 5.9604644775390625e-08f;
+    }
+    uint32_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    bits += 0x0fffu + ((bits >> 13) & 1u);
+    bits &= ~0x1fffu;
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out > 65504.0f ? 65504.0f : out;
+}
+
+/* Row r of x into the activations (module doc of bq_kernel.h). rintf rounds half to even
+ * (the default rounding mode) and vectorises; the clones for AVX2 and AVX-512 compute the
+ * same values as the baseline's, one IEEE operation at a time. */
+#if BQ_X86
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r) {
+    const int wide = xa->qa16 != NULL;
+    const float top = wide ? 32767.0f : 127.0f;
+    int8_t *qa = (int8_t *)xa->qa + r * xa->blocks * BQ_TILE;
+    int16_t *qa16 = (int16_t *)xa->qa16 + r * xa->blocks * BQ_TILE;
+    for (int64_t b = 0; b < xa->blocks; b++) {
+        const int64_t blk = r * xa->blocks + b;
+        float vals[BQ_TILE];
+        uint32_t top_bits = 0; /* of the largest magnitude: integer order is float order */
+        if ((b + 1) * BQ_TILE <= k) {
+            memcpy(vals, x + b * BQ_TILE, sizeof vals);
+        } else { /* the last block, zero past k */
+            for (int j = 0; j < BQ_TILE; j++)
+                vals[j] = b * BQ_TILE + j < k ? x[b * BQ_TILE + j] : 0.0f;
+        }
+        for (int j = 0; j < BQ_TILE; j++) {
+            uint32_t bits;
+            memcpy(&bits, &vals[j], sizeof bits);
+            bits &= 0x7fffffffu;
+            top_bits = bits > top_bits ? bits : top_bits;
+        }
+        float amax;
+        memcpy(&amax, &top_bits, sizeof amax);
+        const float d = amax / top, inv = amax > 0 ? top / amax : 0.0f;
+        int32_t q[BQ_TILE], sums[2] = {0, 0};
+        for (int j = 0; j < BQ_TILE; j++) q[j] = (int32_t)__builtin_rintf(vals[j] * inv);
+        for (int j = 0; j < BQ_TILE / 2; j++) {
+            sums[0] += q[j];
+            sums[1] += q[j + BQ_TILE / 2];
+        }
+        if (wide)
+            for (int j = 0; j < BQ_TILE; j++) qa16[b * BQ_TILE + j] = (int16_t)q[j];
+        else
+            for (int j = 0; j < BQ_TILE; j++) qa[b * BQ_TILE + j] = (int8_t)q[j];
+        ((int32_t *)xa->s16)[2 * blk] = sums[0];
+        ((int32_t *)xa->s16)[2 * blk + 1] = sums[1];
+        ((float *)xa->da)[blk] = wide ? d : round_f16(d);
+        /* GGUF's Q8_1 keeps d * sum in float16 */
+        const float sum = d * (float)(sums[0] + sums[1]);
+        ((float *)xa->sx)[blk] = wide ? sum : (sum < 0 ? -round_f16(-sum) : round_f16(sum));
+    }
+}
+
+typedef bq_tile_fn tile_fn;
+
+static tile_fn pick_tile(int64_t path, const bq_layout *L, int wide) {
+    const int bf16 = L->codes == C_BF16;
+#if BQ_X86
+    if (path == PATH_VNNI && bq_is_float16(L)) return bf16 ? avx512_16_1 : avx512_16_0;
+    if (path == PATH_AVX2 && bq_is_float16(L)) return bf16 ? avx2_16_1 : avx2_16_0;
+    if (path == PATH_VNNI) return VNNI_TILES[L - BQ_LAYOUTS][wide];
+    if (path == PATH_AVX2) return AVX2_TILES[L - BQ_LAYOUTS][wide];
+#endif
+    (void)path, (void)wide, (void)bf16;
+    return bq_is_float16(L) ? tile16_portable : tile_portable;
+}
+
+typedef struct {
+    bq_seg seg;
+    tile_fn tile;
+    int64_t rows, col, first_group;
+} segment_run;
+
+/* y [rows, n] (row stride y_stride) = x [rows, k] (row stride x_stride) times the weight^T.
+ * The weight is nseg row segments: segs[4 s ..] = (type, rows, byte offset into packed,
+ * first column of y), each packed for k_pad inputs (k rounded up to whole blocks). path:
+ * enum bq_path (one bq_paths() has); act_bits 8 or 16. */
+void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
+               const uint8_t *packed, const int64_t *segs, int64_t nseg, float *y,
+               int64_t y_stride, int64_t threads, int64_t path, int64_t act_bits) {
+    const int64_t blocks = k_pad / BQ_TILE;
+    const int wide = act_bits == 16;
+    segment_run *runs = malloc((size_t)nseg * sizeof *runs);
+    int64_t groups = 0;
+    int quantized = 0; /* whether any segment reads quantized activations */
+    for (int64_t i = 0; i < nseg; i++) {
+        const bq_layout *L = bq_find(segs[4 * i]);
+        quantized |= !bq_is_float16(L);
+        runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad, segs[4 * i + 1]),
+                                pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
+        groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
+    }
+    int8_t *qa = wide ? NULL : malloc((size_t)(rows * k_pad));
+    int16_t *qa16 = wide ? malloc((size_t)(rows * k_pad) * sizeof(int16_t)) : NULL;
+    float *da = malloc((size_t)(rows * blocks) * sizeof(float));
+    float *sx = malloc((size_t)(rows * blocks) * sizeof(float));
+    int32_t *s16 = malloc((size_t)(rows * blocks * 2) * sizeof(int32_t));
+    const bq_acts xa = {qa, qa16, da, s16, sx, blocks, x, x_stride};
+    /* A few rows (a decode step) are quantized before the threads start: a barrier between
+     * the two phases costs a time slice whenever another process holds a core. */
+    const int split = quantized && rows >= CHUNK_ROWS;
+    if (quantized && !split)
+        for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
+#pragma omp parallel num_threads(threads)
+    {
+        if (split) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
+        }
+        for (int64_t chunk = 0; chunk < rows; chunk += CHUNK_ROWS) {
+            const int64_t chunk_end = chunk + CHUNK_ROWS < rows ? chunk + CHUNK_ROWS : rows;
+            int64_t i = 0;
+#pragma omp for schedule(static) nowait
+            for (int64_t gi = 0; gi < groups; gi++) {
+                while (i + 1 < nseg && gi >= runs[i + 1].first_group) i++;
+                while (i > 0 && gi < runs[i].first_group) i--;
+                const segment_run *run = &runs[i];
+                const int64_t g = gi - run->first_group;
+                const int64_t left = run->rows - g * BQ_GROUP;
+                const int64_t width = left < BQ_GROUP ? left : BQ_GROUP;
+                for (int64_t r0 = chunk; r0 < chunk_end; r0 += BQ_TILE_ROWS) {
+                    const int64_t left_rows = chunk_end - r0;
+                    const int nr = (int)(left_rows < BQ_TILE_ROWS ? left_rows : BQ_TILE_ROWS);
+                    float out[BQ_TILE_ROWS][BQ_GROUP];
+                    run->tile(&run->seg, &xa, g, r0, nr, out);
+                    for (int r = 0; r < nr; r++)
+                        memcpy(y + (r0 + r) * y_stride + run->col + g * BQ_GROUP, out[r],
+                               (size_t)width * sizeof(float));
+                }
+            }
+        }
+    }
+    free(runs);
+    free(qa);
+    free(qa16);
+    free(da);
+    free(sx);
+    free(s16);
+}
