@@ -34,7 +34,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
 from pagedserve.kernels.quantized_linear import QuantizedWeight, QuantKernel, unpack_nibbles
 
 COMPUTE_DTYPE = torch.bfloat16
@@ -150,4 +149,3 @@ INT8_KERNEL = QuantKernel("aten._weight_int8pack_mm", _int8_supports, _int8_prep
                           _int8_linear, _int8_nbytes)
 INT4_KERNEL = QuantKernel("aten._weight_int4pack_mm_for_cpu", _int4_supports, _int4_prepare,
                           _int4_linear, _int4_nbytes)
-CPU_KERNELS = (BLOCK_QUANT_KERNEL, INT8_KERNEL, INT4_KERNEL)

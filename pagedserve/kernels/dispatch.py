@@ -118,7 +118,7 @@ def _triton_ops() -> KernelOps:
 
 
 def _inductor_ops() -> KernelOps:
-    from pagedserve.kernels import compiled_attention, cpu_linear, cpu_quantized_linear
+    from pagedserve.kernels import compiled_attention, cpu_linear
 
     return KernelOps(
         name="inductor",
@@ -131,8 +131,17 @@ def _inductor_ops() -> KernelOps:
         linear_packing=LinearPacking(cpu_linear.supports, cpu_linear.pack_weight,
                                      cpu_linear.linear, cpu_linear.worth_packing),
         reads_other_cache_dtypes=True,
-        quantized_kernels=cpu_quantized_linear.CPU_KERNELS,
+        quantized_kernels=cpu_quantized_kernels(),
     )
+
+
+def cpu_quantized_kernels() -> tuple[QuantKernel, ...]:
+    """The CPU's quantized-matmul kernels in order of preference: the block-quant C kernel,
+    then torch's int8 and int4 weight-only ops."""
+    from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
+    from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL, INT8_KERNEL
+
+    return (BLOCK_QUANT_KERNEL, INT8_KERNEL, INT4_KERNEL)
 
 
 def _cpu_ops() -> KernelOps:

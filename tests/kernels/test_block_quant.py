@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from pagedserve.kernels import block_quant_paths, cpu_block_quant, native_build
 from pagedserve.kernels.block_quant_weight import GGUF_BLOCKS, concat_rows, from_gguf
 from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
-from pagedserve.kernels.cpu_quantized_linear import CPU_KERNELS, INT4_KERNEL, INT8_KERNEL
+from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL, INT8_KERNEL
+from pagedserve.kernels.dispatch import cpu_quantized_kernels
 from pagedserve.kernels.quantized_linear import (
     choose_kernel,
     dequantize,
@@ -199,11 +200,12 @@ def test_bias_and_the_callers_dtype() -> None:
 
 def test_dispatch_takes_blocks_and_float16_scaled_groups_of_32() -> None:
     w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
-    assert choose_kernel(CPU_KERNELS, _weight(T.Q6_K, 16, 256, 0)[1], CPU) is BLOCK_QUANT_KERNEL
-    assert choose_kernel(CPU_KERNELS, quantize_int4(w, 32), CPU) is BLOCK_QUANT_KERNEL
-    assert choose_kernel(CPU_KERNELS, quantize_int8(w, 32), CPU) is BLOCK_QUANT_KERNEL
-    assert choose_kernel(CPU_KERNELS, quantize_int8(w), CPU) is INT8_KERNEL  # per channel
-    assert choose_kernel(CPU_KERNELS, quantize_int4(w, 64), CPU) is INT4_KERNEL
+    kernels = cpu_quantized_kernels()
+    assert choose_kernel(kernels, _weight(T.Q6_K, 16, 256, 0)[1], CPU) is BLOCK_QUANT_KERNEL
+    assert choose_kernel(kernels, quantize_int4(w, 32), CPU) is BLOCK_QUANT_KERNEL
+    assert choose_kernel(kernels, quantize_int8(w, 32), CPU) is BLOCK_QUANT_KERNEL
+    assert choose_kernel(kernels, quantize_int8(w), CPU) is INT8_KERNEL  # per channel
+    assert choose_kernel(kernels, quantize_int4(w, 64), CPU) is INT4_KERNEL
 
 
 def test_off_leaves_every_weight_to_torchs_ops(monkeypatch) -> None:
@@ -211,7 +213,7 @@ def test_off_leaves_every_weight_to_torchs_ops(monkeypatch) -> None:
     cpu_block_quant.chosen_path.cache_clear()
     try:
         w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
-        assert choose_kernel(CPU_KERNELS, quantize_int4(w, 32), CPU) is INT4_KERNEL
+        assert choose_kernel(cpu_quantized_kernels(), quantize_int4(w, 32), CPU) is INT4_KERNEL
     finally:
         monkeypatch.delenv(cpu_block_quant.ENV)
         cpu_block_quant.chosen_path.cache_clear()

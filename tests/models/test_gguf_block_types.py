@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from pagedserve.kernels import cpu_block_quant
-from pagedserve.kernels.cpu_quantized_linear import CPU_KERNELS
-from pagedserve.kernels.dispatch import TORCH_OPS
+from pagedserve.kernels.dispatch import TORCH_OPS, cpu_quantized_kernels
 from pagedserve.server.models.loader import load_model
 from pagedserve.server.models.parallel_layers import PackableLinear
 from pagedserve.server.models.quantized_linear import weight_bytes
@@ -28,7 +27,7 @@ from tests.models.test_model_families import _prompts
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(not cpu_block_quant.available(),
                                 reason="needs the C block-quant kernel")
-CPU_QUANT_OPS = replace(TORCH_OPS, quantized_kernels=CPU_KERNELS)
+CPU_QUANT_OPS = replace(TORCH_OPS, quantized_kernels=cpu_quantized_kernels())
 MIX = {
     "token_embd.weight": "Q4_K", "output.weight": "Q6_K",
     "blk.0.attn_q.weight": "Q4_K", "blk.0.attn_k.weight": "Q4_K", "blk.0.attn_v.weight": "Q6_K",
