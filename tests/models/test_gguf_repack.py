@@ -15,8 +15,8 @@ import torch
 
 from pagedserve.kernels import cpu_block_quant
 from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
-from pagedserve.kernels.cpu_quantized_linear import CPU_KERNELS, INT4_KERNEL, INT8_KERNEL
-from pagedserve.kernels.dispatch import TORCH_OPS
+from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL, INT8_KERNEL
+from pagedserve.kernels.dispatch import TORCH_OPS, cpu_quantized_kernels
 from pagedserve.kernels.quantized_linear import REFERENCE, QuantizationError, dequantize
 from pagedserve.server.models.gguf_repack import repack
 from pagedserve.server.models.loader import load_model
@@ -30,7 +30,7 @@ from tests.models.test_model_families import _prompts
 
 gguf = pytest.importorskip("gguf")
 T = gguf.GGMLQuantizationType
-CPU_QUANT_OPS = replace(TORCH_OPS, quantized_kernels=CPU_KERNELS)
+CPU_QUANT_OPS = replace(TORCH_OPS, quantized_kernels=cpu_quantized_kernels())
 # Blocks of 32 run on the C kernel where it is built, else on torch's ops (Q8_0 rescaled).
 BUILT = cpu_block_quant.available()
 Q4_1_KERNEL = BLOCK_QUANT_KERNEL if BUILT else INT4_KERNEL

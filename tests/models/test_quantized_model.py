@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from pagedserve.kernels import cpu_block_quant
 from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
-from pagedserve.kernels.cpu_quantized_linear import CPU_KERNELS, INT4_KERNEL, INT8_KERNEL
-from pagedserve.kernels.dispatch import TORCH_OPS
+from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL, INT8_KERNEL
+from pagedserve.kernels.dispatch import TORCH_OPS, cpu_quantized_kernels
 from pagedserve.kernels.quantized_linear import REFERENCE, dequantize, quantize_int8
 from pagedserve.server import LLM, SamplingParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
@@ -29,7 +29,7 @@ from tests.models.paged_harness import PagedHarness
 from tests.models.test_model_families import _prompts
 
 # The CPU ops with everything else on the reference: the quantized matmuls alone under test.
-CPU_QUANT_OPS = replace(TORCH_OPS, quantized_kernels=CPU_KERNELS)
+CPU_QUANT_OPS = replace(TORCH_OPS, quantized_kernels=cpu_quantized_kernels())
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                "lm_head")
 
