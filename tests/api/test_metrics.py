@@ -128,7 +128,7 @@ async def test_every_metric_has_its_type_and_vllm_labels(server: LiveServer) -> 
     assert info == {"block_size": "16", "num_gpu_blocks": "64",
                     "num_cpu_blocks": str(server.engine.engine.kv_cache.num_cpu_blocks),
                     "enable_prefix_caching": "False", "gpu_memory_utilization": "0.9",
-                    "swap_space": "4.0", "engine": "0"}
+                    "swap_space": "0.0", "engine": "0"}
     # vLLM creates every finish reason's series up front.
     reasons = {s["finished_reason"] for s in labels_of(samples, "vllm:request_success_total")}
     assert {"stop", "length", "abort"} <= reasons

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.config.engine_config import (
     DEFAULT_KV_CACHE_MEMORY,
     CacheConfig,
@@ -89,3 +90,12 @@ def test_bytes_per_block_must_be_positive() -> None:
     with pytest.raises(ValueError) as info:
         CacheConfig().num_cpu_blocks(bytes_per_block=0)
     assert str(info.value) == "bytes_per_block must be at least 1, got 0"
+
+
+def test_swap_space_defaults_to_none_on_the_cpu_and_4_gib_with_an_accelerator() -> None:
+    # On the CPU the KV cache is in CPU memory already: a swap would copy CPU memory to CPU
+    # memory, so none is reserved unless asked for.
+    assert EngineArgs().cache_config("cpu").swap_space == 0.0
+    assert EngineArgs().cache_config("cuda").swap_space == 4.0
+    assert EngineArgs(swap_space=0.5).cache_config("cpu").swap_space == 0.5
+    assert EngineArgs(swap_space=0).cache_config("cuda").swap_space == 0.0

@@ -85,7 +85,7 @@ def test_preemption_keeps_each_sequence_in_its_grammar(llm: LLM, model_dir: Path
                                                        mode: str) -> None:
     expected = _greedy_people(llm, 8)
     starved = LLM(model=str(model_dir), num_kv_blocks=24, block_size=4, max_num_seqs=8,
-                  max_model_len=96, preemption_mode=mode)
+                  max_model_len=96, preemption_mode=mode, swap_space=0.01)
     preempted: list[int] = []
     starved.engine.add_step_observer(lambda stats: preempted.append(stats.num_preempted))
     assert _greedy_people(starved, 8) == expected

@@ -114,7 +114,7 @@ class LLMEngine:
         """The cache config, its KV memory measured when it is sized by the default share
         of a GPU: every rank profiles its shard in step (the pass all-reduces); the least
         wins."""
-        config, args = self.args.cache_config(), self.args
+        config, args = self.args.cache_config(self.device.type), self.args
         if baseline is None or not config.sized_by_memory_default:
             return config
         memory = self.workers.agree_kv_memory(

@@ -212,7 +212,7 @@ class ServerMetrics:
             "num_cpu_blocks": kv.num_cpu_blocks,
             "enable_prefix_caching": args.enable_prefix_caching,
             "gpu_memory_utilization": args.gpu_memory_utilization,
-            "swap_space": args.swap_space,
+            "swap_space": engine.engine.cache_config.swap_space,
             "engine": ENGINE_INDEX,
         }
         gauge = Gauge(VLLM + "cache_config_info", "Information of the LLMEngine CacheConfig",

@@ -15,6 +15,7 @@ from pagedserve.server.engine.config.engine_config import (
     KVAllocationName,
     PreemptionModeName,
     SchedulerConfig,
+    default_swap_space,
 )
 from pagedserve.server.models.model_path import SMOLLM2_INSTALL, SMOLLM2_NAME
 
@@ -49,7 +50,7 @@ class EngineArgs:
     kv_cache_memory: int | None = None
     kv_cache_prefault: bool | None = None
     gpu_memory_utilization: float = 0.9
-    swap_space: float = 4.0
+    swap_space: float | None = None
     enable_prefix_caching: bool = False
     kv_allocation: KVAllocationName = "paged"
     max_num_seqs: int = 256
@@ -91,12 +92,16 @@ class EngineArgs:
             raise ValueError(f"distributed_timeout must be positive (seconds), got "
                              f"{self.distributed_timeout!r}")
 
-    def cache_config(self) -> CacheConfig:
+    def cache_config(self, device_type: str = "cpu") -> CacheConfig:
+        """The KV cache's config on a device of ``device_type``: with no ``swap_space`` given,
+        none on the CPU and 4 GiB elsewhere (``default_swap_space``)."""
+        swap_space = (self.swap_space if self.swap_space is not None
+                      else default_swap_space(device_type))
         return CacheConfig(
             block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory=self.kv_cache_memory,
-            swap_space=self.swap_space,
+            swap_space=swap_space,
             enable_prefix_caching=self.enable_prefix_caching,
             kv_allocation=self.kv_allocation,
             prefault=resolve_kv_cache_prefault(self.kv_cache_prefault),
@@ -185,8 +190,10 @@ class EngineArgs:
                        help="CUDA only: the fraction of the GPU's total memory this instance "
                             "may use; the KV cache gets what weights and peak activations "
                             "leave of it (ignored on CPU)")
-        g.add_argument("--swap-space", type=float, default=4.0,
-                       help="GiB of CPU memory for KV blocks of swapped-out requests")
+        g.add_argument("--swap-space", type=float, default=None,
+                       help="GiB of CPU memory for KV blocks of swapped-out requests; None: "
+                            "4 with an accelerator, 0 on the CPU, whose KV cache is in CPU "
+                            "memory already (preempted requests are then recomputed)")
         g.add_argument("--enable-prefix-caching", action="store_true",
                        help="reuse the KV blocks of identical prompt prefixes")
         g.add_argument("--kv-allocation", default="paged", choices=["paged", "contiguous"],

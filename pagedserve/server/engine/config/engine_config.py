@@ -13,6 +13,12 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # without starving the weights. On CUDA the engine sizes the cache from gpu_memory_utilization
 # instead (engine/worker/gpu_memory.py).
 DEFAULT_KV_CACHE_MEMORY = 1 * GiB
+# CPU swap space when none is asked for: vLLM's 4 GiB with an accelerator, whose KV cache is in
+# device memory; none on the CPU, where the KV cache is in CPU memory already: a swap would
+# copy blocks from CPU memory to CPU memory, and the same memory serves more requests as KV
+# cache. Preemption then recomputes (engine/core/scheduler.py).
+DEFAULT_SWAP_SPACE = {"cpu": 0.0}
+ACCELERATOR_SWAP_SPACE = 4.0
 # While more than one tenant is live, a step's prompt tokens are bounded by
 # max_num_batched_tokens divided by this a tenant with prompts (unless max_shared_prefill_tokens
 # says), and a tenant counts as live for this many seconds after its last request finished.
@@ -25,6 +31,11 @@ PreemptionModeName = Literal["auto", "recompute", "swap"]
 
 KV_ALLOCATIONS: tuple[str, ...] = ("paged", "contiguous")
 PREEMPTION_MODES: tuple[str, ...] = ("auto", "recompute", "swap")
+
+
+def default_swap_space(device_type: str) -> float:
+    """GiB of CPU swap space on a device of this type when ``swap_space`` is not given."""
+    return DEFAULT_SWAP_SPACE.get(device_type, ACCELERATOR_SWAP_SPACE)
 
 
 def _require(ok: bool, field: str, value: object, limit: str) -> None:
@@ -50,7 +61,7 @@ class CacheConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None
     kv_cache_memory: int | None = None
-    swap_space: float = 4.0
+    swap_space: float = ACCELERATOR_SWAP_SPACE
     enable_prefix_caching: bool = False
     kv_allocation: KVAllocationName = "paged"
     watermark: float = 0.01
