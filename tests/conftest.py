@@ -53,8 +53,8 @@ def lazy_kv_caches() -> Iterator[None]:
 def fixed_kv_cache_size(original: Callable[[EngineArgs], CacheConfig]
                         ) -> Callable[[EngineArgs], CacheConfig]:
     """``EngineArgs.cache_config`` with 1 GiB of KV where the arguments name no size."""
-    def cache_config(args: EngineArgs) -> CacheConfig:
-        config = original(args)
+    def cache_config(args: EngineArgs, device_type: str = "cpu") -> CacheConfig:
+        config = original(args, device_type)
         if config.sized_by_memory_default:
             config = replace(config, kv_cache_memory=DEFAULT_KV_CACHE_MEMORY)
         return config

@@ -8,18 +8,22 @@ float32): 0.71-0.88 ms a layer, 21-28 GB/s of the machine's 26-46 GB/s read band
 ms with the rows requested into L1; the same kernel on a second thread pool beside torch's was
 slower still.
 
-Sequences are cut into parts of about equal context, one per torch intra-op thread, and the
-parts run on torch's OpenMP threads (``cpu_parallel.py``); ctypes releases the GIL for the
-call. The int32 tables and lengths and the cuts are derived once per step and reused by every
-layer while the tables and lengths they came from are unchanged. float32 and bfloat16 run
-here, and a float32 query over a bfloat16 cache; other dtypes take the compiled kernel.
-Prefill rows keep the reference path; decode rows of a mixed step come here.
+Sequences are cut into parts of about equal context, one per torch intra-op thread; with
+fewer sequences than threads (one stream) each sequence's KV heads are cut instead, so that
+every thread reads its share of the context. The parts run on torch's OpenMP threads
+(``cpu_parallel.py``); ctypes releases the GIL for the call. The int32 tables and lengths and
+the cuts are derived once per step and reused by every layer while the tables and lengths
+they came from are unchanged. float32 and bfloat16 run here, and a float32 query over a
+bfloat16 or float16 cache (each row widened once for the query heads that share it); other
+dtypes take the compiled kernel. Prefill rows keep the reference path; decode rows of a
+mixed step come here.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -31,7 +35,8 @@ from pagedserve.kernels.native_build import load_library
 # (query dtype, cache dtype): a float32 model may keep a bfloat16 KV cache (half the bytes).
 _FUNCTIONS = {(torch.float32, torch.float32): "paged_decode_f32",
               (torch.bfloat16, torch.bfloat16): "paged_decode_bf16",
-              (torch.float32, torch.bfloat16): "paged_decode_f32_bf16kv"}
+              (torch.float32, torch.bfloat16): "paged_decode_f32_bf16kv",
+              (torch.float32, torch.float16): "paged_decode_f32_f16kv"}
 _ARGTYPES = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
              + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
 # Parts per thread, taken as threads come free (csrc/paged_decode.c). Four parts measured no
@@ -49,18 +54,20 @@ def _kernel(dtypes: tuple[torch.dtype, torch.dtype]):
 @dataclass(frozen=True, slots=True)
 class _StepLayout:
     """What every layer of a decode step passes the kernel alike, derived once per step: the
-    int32 tables and lengths and where each thread's part of the sequences starts."""
+    int32 tables and lengths and the parts the threads take."""
 
     block_size: int
+    num_kv_heads: int
     threads: int
     tables: torch.Tensor  # int32, contiguous, a copy
     lens: torch.Tensor
-    bounds: torch.Tensor  # int64 [parts + 1]
+    parts: torch.Tensor  # int64 [P, 4]: first and end sequence, first and end KV head
 
     def serves(self, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-               threads: int) -> bool:
+               num_kv_heads: int, threads: int) -> bool:
         # Equal contents, not the same tensors: a caller may rewrite its tensors in place.
         return (self.block_size == block_size and self.threads == threads
+                and self.num_kv_heads == num_kv_heads
                 and seq_lens.shape == self.lens.shape and block_tables.shape == self.tables.shape
                 and torch.equal(seq_lens, self.lens) and torch.equal(block_tables, self.tables))
 
@@ -69,16 +76,31 @@ class _StepLayout:
 _last_layout: list[_StepLayout] = []
 
 
+def decode_parts(lens: torch.Tensor, num_kv_heads: int, threads: int) -> list[list[int]]:
+    """The work of a decode step cut for ``threads`` threads: runs of sequences of about equal
+    context, or where there are fewer sequences than threads, each sequence's KV heads in
+    ranges of about equal size. Rows: [first sequence, end sequence, first KV head, end KV
+    head]."""
+    num_seqs = lens.shape[0]
+    if num_seqs >= threads or num_kv_heads == 1:
+        bounds = cpu_parallel.balanced_bounds(lens, PARTS_PER_THREAD * threads)
+        return [[a, b, 0, num_kv_heads] for a, b in itertools.pairwise(bounds)]
+    ranges = min(num_kv_heads, -(-threads // num_seqs))
+    cuts = [num_kv_heads * i // ranges for i in range(ranges + 1)]
+    return [[s, s + 1, a, b] for s in range(num_seqs) for a, b in itertools.pairwise(cuts)]
+
+
 def _step_layout(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                 threads: int) -> _StepLayout:
-    if _last_layout and _last_layout[0].serves(block_tables, seq_lens, block_size, threads):
-        return _last_layout[0]
+                 num_kv_heads: int, threads: int) -> _StepLayout:
+    layout = _last_layout[0] if _last_layout else None
+    if layout is not None and layout.serves(block_tables, seq_lens, block_size, num_kv_heads,
+                                            threads):
+        return layout
     attention.max_seq_len(seq_lens, block_tables, block_size)
     lens = seq_lens.to(torch.int32, copy=True).contiguous()
-    bounds = torch.tensor(cpu_parallel.balanced_bounds(lens, PARTS_PER_THREAD * threads),
-                          dtype=torch.int64)
-    layout = _StepLayout(block_size, threads, block_tables.to(torch.int32, copy=True)
-                         .contiguous(), lens, bounds)
+    parts = torch.tensor(decode_parts(lens, num_kv_heads, threads), dtype=torch.int64)
+    layout = _StepLayout(block_size, num_kv_heads, threads,
+                         block_tables.to(torch.int32, copy=True).contiguous(), lens, parts)
     _last_layout[:] = [layout]
     return layout
 
@@ -93,25 +115,36 @@ def paged_attention_decode(
 ) -> torch.Tensor:
     """Same contract as :func:`pagedserve.kernels.attention.paged_attention_decode`."""
     dtypes = (query.dtype, key_cache.dtype)
-    if dtypes not in _FUNCTIONS or query.device.type != "cpu":
+    if dtypes not in _FUNCTIONS or not query.is_cpu:
         return compiled_attention.paged_attention_decode(query, key_cache, value_cache,
                                                          block_tables, seq_lens, scale)
-    attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
+    shapes = (query.shape, key_cache.shape, value_cache.shape, block_tables.shape,
+              seq_lens.shape)
+    if shapes != _checked_shapes[0]:  # every layer of a step passes the same shapes
+        attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
+        _checked_shapes[0] = shapes
+    elif not (key_cache.is_cpu and value_cache.is_cpu and block_tables.is_cpu
+              and seq_lens.is_cpu):
+        attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
         raise ValueError("the KV caches must be contiguous [N, B, Hkv, D] tensors")
     _, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
     threads = torch.get_num_threads()
-    layout = _step_layout(block_tables, seq_lens, block_size, threads)
+    layout = _step_layout(block_tables, seq_lens, block_size, num_kv_heads, threads)
     query = query.contiguous()
     out = torch.empty_like(query)
-    args = (query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-            layout.tables.data_ptr(), layout.lens.data_ptr(), out.data_ptr(), num_heads,
-            num_kv_heads, head_dim, block_size, layout.tables.shape[1], scale)
-    bounds = layout.bounds
-    if _kernel(dtypes)(*args, bounds.data_ptr(), bounds.shape[0] - 1, threads):
+    tables, parts = layout.tables, layout.parts
+    if _kernel(dtypes)(query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                       tables.data_ptr(), layout.lens.data_ptr(), out.data_ptr(), num_heads,
+                       num_kv_heads, head_dim, block_size, tables.shape[1], scale,
+                       parts.data_ptr(), parts.shape[0], threads):
         raise MemoryError("paged decode attention could not allocate its score buffer")
     return out
+
+
+# The shapes last checked by attention.check_decode, which every layer of a step would repeat.
+_checked_shapes: list[tuple[torch.Size, ...] | None] = [None]
 
 
 def paged_attention_prefill(

@@ -3,9 +3,9 @@
 The torch reference (``cache_ops.reshape_and_cache``) runs ``index_copy_`` from the strided
 K and V views of the fused QKV output, after a padding check that reads the slots back to
 Python: about 110 us a layer for a 64-token decode step on 2 threads, about a fortieth of the
-step. Here each token's two rows are one ``memcpy`` each (or one rounding pass into a bfloat16
+step. Here each token's two rows are one ``memcpy`` each (or one rounding pass into a 16-bit
 cache), and the padding and bounds checks run in C. float32 and bfloat16, and a float32 model
-over a bfloat16 cache, run here; other dtypes and devices take the reference.
+over a bfloat16 or float16 cache, run here; other dtypes and devices take the reference.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from pagedserve.kernels.native_build import load_library
 # (K/V dtype, cache dtype) -> function in csrc/cache_write.c
 _FUNCTIONS = {(torch.float32, torch.float32): "cache_write_f32",
               (torch.bfloat16, torch.bfloat16): "cache_write_bf16",
-              (torch.float32, torch.bfloat16): "cache_write_f32_bf16kv"}
+              (torch.float32, torch.bfloat16): "cache_write_f32_bf16kv",
+              (torch.float32, torch.float16): "cache_write_f32_f16kv"}
 _ARGTYPES = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 4
 
@@ -40,13 +41,14 @@ def _rows_contiguous(x: torch.Tensor) -> bool:
 
 
 def _runs_here(key, value, key_cache, value_cache, slot_mapping) -> bool:
-    return ((key.dtype, key_cache.dtype) in _FUNCTIONS and value.dtype == key.dtype
-            and value_cache.dtype == key_cache.dtype
-            and all(t.device.type == "cpu" for t in (key, value, key_cache, value_cache,
-                                                     slot_mapping))
+    # Attributes of the tensors' Python objects only (a device object costs more to build than
+    # the copy of a one-token step): this runs once a layer.
+    return ((key.dtype, key_cache.dtype) in _FUNCTIONS and value.dtype is key.dtype
+            and value_cache.dtype is key_cache.dtype and key.is_cpu and value.is_cpu
+            and key_cache.is_cpu and value_cache.is_cpu and slot_mapping.is_cpu
             and key_cache.is_contiguous() and value_cache.is_contiguous()
             and _rows_contiguous(key) and _rows_contiguous(value)
-            and slot_mapping.dtype == torch.int64)
+            and slot_mapping.dtype is torch.int64)
 
 
 def reshape_and_cache(

@@ -65,6 +65,10 @@ class KernelOps:
     # Whether attention reads a KV cache kept in another dtype than the query's
     # (--kv-cache-dtype bfloat16 under a float32 model).
     reads_other_cache_dtypes: bool = False
+    # The KV cache's dtype under a float32 model when none is asked for (--kv-cache-dtype
+    # auto); None: the model's. The C kernels keep float16, chosen by measurement
+    # (docs/benchmarks.md, "The KV cache's element type").
+    float32_model_cache_dtype: torch.dtype | None = None
     # Quantized matmuls in order of preference (``quantized_linear.choose_kernel``); a weight
     # none of them takes runs on the reference, dequantize then ``F.linear``.
     quantized_kernels: tuple[QuantKernel, ...] = ()
@@ -156,7 +160,8 @@ def _cpu_ops() -> KernelOps:
                    silu_and_mul=cpu_layer_ops.silu_and_mul,
                    rotary_=cpu_layer_ops.rotary_,
                    exponential_race=cpu_sampling.exponential_race,
-                   argmax=cpu_sampling.argmax, top_k_top_p=cpu_sampling.top_k_top_p)
+                   argmax=cpu_sampling.argmax, top_k_top_p=cpu_sampling.top_k_top_p,
+                   float32_model_cache_dtype=torch.float16)
 
 
 def _cpu_warm_up(

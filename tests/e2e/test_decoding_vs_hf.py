@@ -23,7 +23,7 @@ def llama(llama_case: tuple) -> tuple[Path, list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def llm(llama: tuple) -> LLM:
-    return LLM(str(llama[0]), dtype="float32", block_size=16)
+    return LLM(str(llama[0]), dtype="float32", kv_cache_dtype="float32", block_size=16)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_beam_search_matches_transformers(llm: LLM, llama: tuple, hf_model, widt
 
 
 def test_beam_search_shares_blocks(llama: tuple) -> None:
-    llm = LLM(str(llama[0]), dtype="float32", block_size=8)
+    llm = LLM(str(llama[0]), dtype="float32", kv_cache_dtype="float32", block_size=8)
     engine = llm.engine
     engine.add_request("beams", llama[1][5], BeamSearchParams(4, 8).to_sampling_params())
     used = []
@@ -108,7 +108,8 @@ def test_logprobs_match_transformers(llm: LLM, llama: tuple, hf_model) -> None:
 
 
 def test_prompt_logprobs_with_prefix_caching(llama: tuple, hf_model) -> None:
-    llm = LLM(str(llama[0]), dtype="float32", enable_prefix_caching=True, block_size=8)
+    llm = LLM(str(llama[0]), dtype="float32", kv_cache_dtype="float32",
+              enable_prefix_caching=True, block_size=8)
     prompt = llama[1][5]
     llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1))  # warm the cache
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
@@ -133,7 +134,7 @@ def test_parallel_samples_equal_separate_seeded_requests(llm: LLM, llama: tuple)
 
 
 def test_parallel_sampling_copy_on_write_block_counts(llama: tuple) -> None:
-    llm = LLM(str(llama[0]), dtype="float32", block_size=16)
+    llm = LLM(str(llama[0]), dtype="float32", kv_cache_dtype="float32", block_size=16)
     engine = llm.engine
     prompt = llama[1][3]  # 17 tokens: one full block and one holding a single token
     engine.add_request("cow", prompt, SamplingParams(n=3, seed=7, temperature=1.0,

@@ -1,5 +1,6 @@
 """pagedserve's greedy tokens equal transformers' generate, token for token, under every
-memory configuration: block sizes, prefix caching, preemption, chunked prefill."""
+memory configuration: block sizes, prefix caching, preemption, chunked prefill. A float32
+model runs over a float32 KV cache here (the CPU's default is float16: docs/serving.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
 
 
 def generate(model_dir: Path, prompts: list[list[int]], **engine_args: Any) -> list[list[int]]:
-    llm = LLM(str(model_dir), dtype="float32", **engine_args)
+    llm = LLM(str(model_dir), dtype="float32", kv_cache_dtype="float32", **engine_args)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
     assert not llm.engine.has_unfinished_requests()
     stats = llm.engine.stats()
@@ -44,8 +45,8 @@ def test_chunked_prefill(llama_case: tuple) -> None:
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption(llama_case: tuple, mode: str) -> None:
     model_dir, prompts, expected = llama_case
-    llm = LLM(str(model_dir), dtype="float32", num_kv_blocks=24, block_size=16,
-              max_model_len=384, preemption_mode=mode, swap_space=0.01)
+    llm = LLM(str(model_dir), dtype="float32", kv_cache_dtype="float32", num_kv_blocks=24,
+              block_size=16, max_model_len=384, preemption_mode=mode, swap_space=0.01)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
     assert [r.outputs[0].token_ids for r in results] == expected
     stats = llm.engine.stats()
@@ -55,7 +56,8 @@ def test_preemption(llama_case: tuple, mode: str) -> None:
 
 def test_prefix_caching_with_shared_prefixes(llama_case: tuple) -> None:
     model_dir, prompts, expected = llama_case
-    llm = LLM(str(model_dir), dtype="float32", enable_prefix_caching=True, block_size=8)
+    llm = LLM(str(model_dir), dtype="float32", kv_cache_dtype="float32",
+              enable_prefix_caching=True, block_size=8)
     requests = [{"prompt_token_ids": p} for p in prompts]
     first = llm.generate(requests, GREEDY)
     # The same prompts again: every full block but the one holding the last prompt token hits.

@@ -1,6 +1,6 @@
-"""--kv-cache-dtype: a float32 model over a bfloat16 KV cache holds twice the blocks in the
-same memory, the CPU kernels and the torch reference read it alike, and a pairing a backend
-cannot read is refused with the reason."""
+"""--kv-cache-dtype: a float32 model over a 16-bit KV cache holds twice the blocks in the
+same memory, the CPU kernels and the torch reference read it alike, the CPU kernels keep
+float16 by default, and a pairing a backend cannot read is refused with the reason."""
 
 from __future__ import annotations
 
@@ -44,15 +44,17 @@ def test_a_bfloat16_cache_under_a_float32_model_holds_twice_the_blocks(model_dir
 
 
 @pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
-def test_the_c_kernels_and_the_reference_read_a_bfloat16_cache_alike(model_dir):
+@pytest.mark.parametrize("cache_dtype", ["bfloat16", "float16"])
+def test_the_c_kernels_and_the_reference_read_a_16_bit_cache_alike(model_dir, cache_dtype):
     generator = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (3, 21, 40)]
     requests = [{"prompt_token_ids": p} for p in prompts]
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=1)
     outputs = {}
     for backend in ("torch", "cpu"):
-        llm = _llm(model_dir, backend, "bfloat16")
+        llm = _llm(model_dir, backend, cache_dtype)
         assert llm.engine.model.kernel_ops.name == backend
+        assert llm.engine.kv_cache.key_caches[0].dtype == getattr(torch, cache_dtype)
         outputs[backend] = [r.outputs[0] for r in llm.generate(requests, params)]
     for ours, reference in zip(outputs["cpu"], outputs["torch"], strict=True):
         assert ours.token_ids == reference.token_ids
@@ -60,6 +62,21 @@ def test_the_c_kernels_and_the_reference_read_a_bfloat16_cache_alike(model_dir):
                                        strict=True):
             # The backends differ in their GEMMs and norms too, by float32 rounding.
             assert mine[token].logprob == pytest.approx(theirs[token].logprob, abs=1e-3)
+
+
+def test_auto_keeps_float16_under_a_float32_model_on_the_c_kernels_only():
+    cpu = replace(TORCH_OPS, name="cpu", float32_model_cache_dtype=torch.float16)
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == torch.float16
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cpu) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float32", torch.float32, cpu) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.float32, TORCH_OPS) == torch.float32
+
+
+@pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
+def test_a_float32_model_on_the_cpu_backend_gets_a_float16_cache_by_default(model_dir):
+    llm = _llm(model_dir, "cpu", "auto")
+    assert llm.engine.kv_cache.key_caches[0].dtype == torch.float16
+    assert llm.engine.model.dtype == torch.float32
 
 
 def test_unknown_and_unreadable_cache_dtypes_are_refused():

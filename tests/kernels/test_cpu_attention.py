@@ -46,13 +46,15 @@ def test_decode_matches_reference(block_size, dtype, num_heads, num_kv_heads, he
     assert_matches(out, REFERENCE.paged_attention_decode(*args).double(), dtype)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("block_size", [8, 16])
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(8, 2, 64), (6, 3, 40)])
-def test_a_float32_query_over_a_bfloat16_cache(block_size, num_heads, num_kv_heads, head_dim):
-    # A float32 model may keep its KV cache in bfloat16: the kernel reads the bfloat16 rows
-    # and computes in float32, so it matches float32 math over the same (rounded) values.
+def test_a_float32_query_over_a_16_bit_cache(block_size, num_heads, num_kv_heads, head_dim,
+                                             cache_dtype):
+    # A float32 model may keep its KV cache in 16 bits: the kernel reads the 16-bit rows and
+    # computes in float32, so it matches float32 math over the same (rounded) values.
     seq_lens = [1, block_size + 1, 3 * block_size + 2, 5]
-    kv = cpu_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, torch.bfloat16)
+    kv = cpu_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, cache_dtype)
     query = cpu_queries(len(seq_lens), num_heads, head_dim, torch.float32)
     out = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache,
                                                kv.block_tables, kv.seq_lens, SCALE)
@@ -73,6 +75,34 @@ def test_a_ragged_batch_split_across_threads(threads):
     finally:
         torch.set_num_threads(before)
     assert_matches(out, naive_decode(query, kv, SCALE), torch.float32)
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 8), (6, 3), (4, 1)])
+def test_fewer_sequences_than_threads_split_their_kv_heads(threads, num_heads, num_kv_heads):
+    # One stream's attention is cut by KV heads so that every thread reads part of the
+    # context; each part writes only its own query heads of the output.
+    seq_lens = [300] if threads != 3 else [300, 9]
+    parts = cpu_attention.decode_parts(torch.tensor(seq_lens, dtype=torch.int32),
+                                       num_kv_heads, threads)
+    covered = [(s, h) for s0, s1, h0, h1 in parts for s in range(s0, s1) for h in range(h0, h1)]
+    assert sorted(covered) == [(s, h) for s in range(len(seq_lens)) for h in range(num_kv_heads)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out, query, kv, _ = _decode(seq_lens, num_heads, num_kv_heads, 64, 16, torch.float32)
+    finally:
+        torch.set_num_threads(before)
+    assert_matches(out, naive_decode(query, kv, SCALE), torch.float32)
+
+
+def test_decode_parts_cut_one_sequence_by_kv_heads_and_many_by_context():
+    one = torch.tensor([500], dtype=torch.int32)
+    assert cpu_attention.decode_parts(one, 8, 2) == [[0, 1, 0, 4], [0, 1, 4, 8]]
+    assert cpu_attention.decode_parts(one, 3, 2) == [[0, 1, 0, 1], [0, 1, 1, 3]]
+    assert cpu_attention.decode_parts(one, 8, 1) == [[0, 1, 0, 8]]
+    many = torch.tensor([100, 1, 1, 1, 100, 1, 1, 1], dtype=torch.int32)
+    assert cpu_attention.decode_parts(many, 8, 2) == [[0, 4, 0, 8], [4, 8, 0, 8]]
 
 
 def test_a_batch_of_one():

@@ -49,8 +49,9 @@ def _both(key, value, cache_dtype, num_blocks, block_size, slots):
 @pytest.mark.parametrize("heads,kv_heads", [(8, 8), (8, 2), (4, 1)])
 @pytest.mark.parametrize("dtypes", [(torch.float32, torch.float32),
                                     (torch.bfloat16, torch.bfloat16),
-                                    (torch.float32, torch.bfloat16)],
-                         ids=["f32", "bf16", "f32-over-bf16"])
+                                    (torch.float32, torch.bfloat16),
+                                    (torch.float32, torch.float16)],
+                         ids=["f32", "bf16", "f32-over-bf16", "f32-over-f16"])
 @pytest.mark.parametrize("tokens", [5, 600])
 def test_write_matches_the_reference_bit_for_bit(block_size, heads, kv_heads, dtypes, tokens):
     dtype, cache_dtype = dtypes
@@ -79,6 +80,23 @@ def test_float32_into_bfloat16_rounds_to_nearest_even_and_keeps_nan_and_inf():
     torch.testing.assert_close(key_cache, expected, rtol=0, atol=0, equal_nan=True)
     assert key_cache[0, 3, 0, 0].item() == 1.0  # halfway: rounded to the even neighbour
     assert key_cache[0, 3, 0, 1].item() == 1.015625
+
+
+def test_float32_into_float16_rounds_as_torch_does_across_the_range():
+    # Halfway cases, subnormal halves, overflow to infinity, NaN and infinities, and the
+    # largest finite half and its neighbours.
+    values = torch.tensor([1.0 + 2**-11, 1.0 + 3 * 2**-11, -(1.0 + 2**-11), 65504.0, 65519.0,
+                           65520.0, -1e6, float("inf"), float("-inf"), float("nan"), 2**-24,
+                           1.5 * 2**-24, 2**-25, 2**-26, 3e-5, -6.1e-5, 0.0, -0.0,
+                           *torch.randn(46, generator=torch.Generator().manual_seed(3)).tolist()])
+    key = values.view(1, 1, HEAD_DIM)
+    (key_cache, _), (expected, _) = _both(key, key.clone(), torch.float16, 1, 8,
+                                          torch.tensor([5]))
+    assert torch.equal(key_cache.view(torch.int16)[~expected.isnan()],
+                       expected.view(torch.int16)[~expected.isnan()])
+    assert key_cache.isnan().equal(expected.isnan())
+    assert key_cache[0, 5, 0, 0].item() == 1.0  # halfway: rounded to the even neighbour
+    assert key_cache[0, 5, 0, 5].item() == float("inf")
 
 
 def test_a_slot_past_the_cache_is_refused_before_anything_is_written():

@@ -1,15 +1,19 @@
 /* Paged decode attention for the CPU: one query token per sequence against its KV blocks,
- * read where they are. A work item is one sequence: each position's K (then V) row of every
- * KV head is read once, in cache order, and serves the G query heads that share it.
+ * read where they are. A work item is a run of sequences and a range of their KV heads: each
+ * position's K (then V) row of those KV heads is read once, in cache order, and serves the G
+ * query heads that share it.
  *
- * Two passes per item: the scores of every position, a float32 softmax over them, then the
+ * Two passes per sequence: the scores of every position, a float32 softmax over them, then the
  * probability-weighted sum of the V rows. Head sizes 64, 80, 96, 128 and 256 get loops of a
  * constant length, which the compiler unrolls and vectorises without tails.
- * The caller cuts the sequences into parts of about equal work, run on OpenMP threads.
+ * The caller cuts the work into parts of about equal size, run on OpenMP threads: runs of
+ * sequences, or with fewer sequences than threads, ranges of one sequence's KV heads (a single
+ * stream's attention is split across the cores too).
  *
  * Layouts: query and out [S, H, D]; caches [N, B, Hkv, D]; tables int32 [S, W]; lens int32
- * [S]. float32 or bfloat16 throughout, or a float32 query and out over bfloat16 caches (a
- * float32 model with a half-size KV cache); math in float32.
+ * [S]; parts int64 [P, 4] (first sequence, end sequence, first KV head, end KV head).
+ * float32 or bfloat16 throughout, or a float32 query and out over bfloat16 or float16 caches
+ * (a float32 model with a half-size KV cache); math in float32.
  * Returns 0, or 1 when the scratch memory could not be allocated.
  */
 #include <math.h>
@@ -21,21 +25,71 @@
 
 static inline float load_f32(const float *p, int64_t i) { return p[i]; }
 static inline float load_bf16(const bf16 *p, int64_t i) { return from_bf16(p[i]); }
+static inline float load_f16(const f16 *p, int64_t i) { return from_f16(p[i]); }
 static inline void store_f32(float *p, int64_t i, float v) { p[i] = v; }
 static inline void store_bf16(bf16 *p, int64_t i, float v) { p[i] = to_bf16(v); }
+
+/* The two inner loops, over one KV head's row of D elements: the score of a query head
+ * (dot) and its probability-weighted V row added into its output (axpy). Written plainly, the
+ * compiler vectorises them; a bfloat16 row is widened in the loop (one shift). A float16 row
+ * is widened by the processor's conversion instruction where it has one (AVX-512: 16 elements
+ * an instruction), which the compiler does not emit for a loop, and else by vec_math.h's
+ * integer and float steps. */
+#define DEFINE_ROW_LOOPS(SUFFIX, TC, READ)                                                     \
+static inline float dot_##SUFFIX(const float *q, const TC *k, const int64_t D) {               \
+    float dot = 0.0f;                                                                          \
+    for (int64_t d = 0; d < D; d++) dot += q[d] * READ(k[d]);                                  \
+    return dot;                                                                                \
+}                                                                                              \
+static inline void axpy_##SUFFIX(float *acc, float w, const TC *v, const int64_t D) {          \
+    for (int64_t d = 0; d < D; d++) acc[d] += w * READ(v[d]);                                  \
+}
+
+#define AS_FLOAT(x) (x)
+DEFINE_ROW_LOOPS(f32, float, AS_FLOAT)
+DEFINE_ROW_LOOPS(bf16, bf16, from_bf16)
+DEFINE_ROW_LOOPS(f16_plain, f16, from_f16)
+
+#if defined(__AVX512F__)
+static inline __m512 load_f16x16(const f16 *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline float dot_f16(const float *q, const f16 *k, const int64_t D) {
+    if (D % 16) return dot_f16_plain(q, k, D);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load_f16x16(k + d), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+static inline void axpy_f16(float *acc, float w, const f16 *v, const int64_t D) {
+    if (D % 16) {
+        axpy_f16_plain(acc, w, v, D);
+        return;
+    }
+    const __m512 weight = _mm512_set1_ps(w);
+    for (int64_t d = 0; d < D; d += 16)
+        _mm512_storeu_ps(acc + d, _mm512_fmadd_ps(weight, load_f16x16(v + d),
+                                                  _mm512_loadu_ps(acc + d)));
+}
+#else
+#define dot_f16 dot_f16_plain
+#define axpy_f16 axpy_f16_plain
+#endif
 
 /* Blocks are scattered, so the hardware prefetcher stops at each block's end, and a decode
  * step streams every sequence's K and V from memory: reads run AHEAD blocks ahead in the
  * order the kernel visits them (this sequence's K blocks, its V blocks, then the next
- * sequence's K blocks), one row requested per row read, into L2 rather than L1: a decode step
- * of 64 sequences x 192 positions over 2 threads read 21-28 GB/s that way against 13-15 with
- * the rows requested into L1, whose few miss slots the requests then fill. */
+ * sequence's K blocks), the part's slice of each row requested as the row is read, into L2
+ * rather than L1: a decode step of 64 sequences x 192 positions over 2 threads read 21-28 GB/s
+ * that way against 13-15 with the rows requested into L1, whose few miss slots the requests
+ * then fill. */
 enum { AHEAD = 2 };
 
 typedef struct {
     const char *key_cache, *value_cache;
-    const int32_t *table, *next_table; /* next_table: NULL for the last sequence of a range */
+    const int32_t *table, *next_table; /* next_table: NULL for the last sequence of a part */
     int64_t num_blocks, next_num_blocks, block_bytes;
+    int64_t row_bytes, slice_offset, slice_bytes; /* the part's KV heads within each row */
 } Visit;
 
 static inline const char *block_at(const Visit *v, int64_t i) {
@@ -48,9 +102,10 @@ static inline const char *block_at(const Visit *v, int64_t i) {
     return NULL;
 }
 
-static inline void prefetch_row(const char *block, int64_t row, int64_t row_bytes) {
+static inline void prefetch_row(const Visit *v, const char *block, int64_t row) {
     if (block == NULL) return;
-    for (int64_t at = 0; at < row_bytes; at += 64) __builtin_prefetch(block + row * row_bytes + at, 0, 2);
+    const char *slice = block + row * v->row_bytes + v->slice_offset;
+    for (int64_t at = 0; at < v->slice_bytes; at += 64) __builtin_prefetch(slice + at, 0, 2);
 }
 
 static void softmax_rows(float *scores, int64_t rows, int64_t stride, int64_t len) {
@@ -66,26 +121,27 @@ static void softmax_rows(float *scores, int64_t rows, int64_t stride, int64_t le
     }
 }
 
-#define DEFINE_ITEM(NAME, TQ, TC, LOADQ, LOADC, STORE)                                        \
+/* One sequence, KV heads [kv0, kv1): query and out point at the sequence's first query head of
+ * kv0, scores [(kv1 - kv0) G, score_stride], q and acc [(kv1 - kv0) G D]. */
+#define DEFINE_ITEM(NAME, TQ, TC, LOADQ, DOT, AXPY, STORE)                                    \
 static inline __attribute__((always_inline)) void NAME(                                       \
     const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *table,         \
-    int64_t len, TQ *out, int64_t H, int64_t G, const int64_t D, int64_t block_size,           \
-    float scale, float *scores, int64_t score_stride, float *q, float *acc, const Visit *visit) \
+    int64_t len, TQ *out, int64_t kv0, int64_t kv1, int64_t num_kv_heads, int64_t G,           \
+    const int64_t D, int64_t block_size, float scale, float *scores, int64_t score_stride,     \
+    float *q, float *acc, const Visit *visit)                                                  \
 {                                                                                              \
-    const int64_t row_stride = H / G * D, row_bytes = row_stride * (int64_t)sizeof(TC);        \
+    const int64_t row_stride = num_kv_heads * D, H = (kv1 - kv0) * G;                         \
     const int64_t nb = visit->num_blocks;                                                      \
     for (int64_t i = 0; i < H * D; i++) q[i] = LOADQ(query, i) * scale;                        \
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {                    \
         const int64_t n = len - start < block_size ? len - start : block_size;                 \
-        const TC *k = key_cache + (int64_t)table[b] * block_size * row_stride;                 \
+        const TC *k = key_cache + (int64_t)table[b] * block_size * row_stride + kv0 * D;       \
         const char *ahead = block_at(visit, b + AHEAD);                                        \
         for (int64_t o = 0; o < n; o++, k += row_stride) {                                     \
-            prefetch_row(ahead, o, row_bytes);                                                 \
-            for (int64_t h = 0; h < H; h++) {                                                  \
-                const TC *kh = k + h / G * D;                                                  \
-                float dot = 0.0f;                                                              \
-                for (int64_t d = 0; d < D; d++) dot += q[h * D + d] * LOADC(kh, d);            \
-                scores[h * score_stride + start + o] = dot;                                    \
+            prefetch_row(visit, ahead, o);                                                     \
+            for (int64_t j = 0; j < kv1 - kv0; j++) {                                          \
+                for (int64_t h = j * G; h < (j + 1) * G; h++)                                  \
+                    scores[h * score_stride + start + o] = DOT(q + h * D, k + j * D, D);       \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -93,14 +149,13 @@ static inline __attribute__((always_inline)) void NAME(                         
     memset(acc, 0, sizeof(float) * (size_t)(H * D));                                           \
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {                    \
         const int64_t n = len - start < block_size ? len - start : block_size;                 \
-        const TC *v = value_cache + (int64_t)table[b] * block_size * row_stride;               \
+        const TC *v = value_cache + (int64_t)table[b] * block_size * row_stride + kv0 * D;     \
         const char *ahead = block_at(visit, nb + b + AHEAD);                                   \
         for (int64_t o = 0; o < n; o++, v += row_stride) {                                     \
-            prefetch_row(ahead, o, row_bytes);                                                 \
-            for (int64_t h = 0; h < H; h++) {                                                  \
-                const TC *vh = v + h / G * D;                                                  \
-                const float w = scores[h * score_stride + start + o];                          \
-                for (int64_t d = 0; d < D; d++) acc[h * D + d] += w * LOADC(vh, d);            \
+            prefetch_row(visit, ahead, o);                                                     \
+            for (int64_t j = 0; j < kv1 - kv0; j++) {                                          \
+                for (int64_t h = j * G; h < (j + 1) * G; h++)                                  \
+                    AXPY(acc + h * D, scores[h * score_stride + start + o], v + j * D, D);     \
             }                                                                                  \
         }                                                                                      \
     }                                                                                          \
@@ -108,34 +163,38 @@ static inline __attribute__((always_inline)) void NAME(                         
 }
 
 #define CALL_ITEM(ITEM, DIM)                                                                  \
-    ITEM(query + head, key_cache, value_cache, table, lens[seq], out + head, num_heads, G,     \
-         DIM, block_size, scale, scores, max_len, q, acc, &visit)
+    ITEM(query + head, key_cache, value_cache, table, lens[seq], out + head, kv0, kv1,         \
+         num_kv_heads, G, DIM, block_size, scale, scores, max_len, q, acc, &visit)
 
-#define DEFINE_RANGE(NAME, ITEM, TQ, TC)                                                      \
+/* Sequences [seq0, seq1), KV heads [kv0, kv1) of each. */
+#define DEFINE_PART(NAME, ITEM, TQ, TC)                                                       \
 static int NAME(const TQ *query, const TC *key_cache, const TC *value_cache,                   \
                 const int32_t *tables, const int32_t *lens, TQ *out, int64_t num_heads,        \
                 int64_t num_kv_heads, int64_t head_dim, int64_t block_size,                    \
-                int64_t table_width, float scale, int64_t begin, int64_t end) {                \
-    const int64_t G = num_heads / num_kv_heads, D = head_dim;                                  \
+                int64_t table_width, float scale, const int64_t *part) {                       \
+    const int64_t seq0 = part[0], seq1 = part[1], kv0 = part[2], kv1 = part[3];                \
+    const int64_t G = num_heads / num_kv_heads, D = head_dim, H = (kv1 - kv0) * G;             \
     int64_t max_len = 1;                                                                       \
-    for (int64_t seq = begin; seq < end; seq++)                                                \
+    for (int64_t seq = seq0; seq < seq1; seq++)                                                \
         if (lens[seq] > max_len) max_len = lens[seq];                                          \
-    float *buf = malloc(sizeof(float) * (size_t)(num_heads * (max_len + 2 * D)));              \
+    float *buf = malloc(sizeof(float) * (size_t)(H * (max_len + 2 * D)));                      \
     if (buf == NULL) return 1;                                                                 \
-    float *scores = buf, *q = buf + num_heads * max_len, *acc = q + num_heads * D;             \
-    for (int64_t seq = begin; seq < end; seq++) {                                              \
-        const int64_t head = seq * num_heads * D;                                              \
+    float *scores = buf, *q = buf + H * max_len, *acc = q + H * D;                              \
+    const int64_t row_bytes = num_kv_heads * D * (int64_t)sizeof(TC);                          \
+    for (int64_t seq = seq0; seq < seq1; seq++) {                                              \
+        const int64_t head = (seq * num_heads + kv0 * G) * D;                                  \
         const int32_t *table = tables + seq * table_width;                                     \
-        const int64_t block_bytes = block_size * num_kv_heads * D * (int64_t)sizeof(TC);       \
         const Visit visit = {                                                                  \
             (const char *)key_cache, (const char *)value_cache, table,                         \
-            seq + 1 < end ? table + table_width : NULL,                                        \
+            seq + 1 < seq1 ? table + table_width : NULL,                                       \
             (lens[seq] + block_size - 1) / block_size,                                         \
-            seq + 1 < end ? (lens[seq + 1] + block_size - 1) / block_size : 0, block_bytes};   \
-        if (seq == begin) /* the first blocks; later sequences' come from the one before */    \
+            seq + 1 < seq1 ? (lens[seq + 1] + block_size - 1) / block_size : 0,                \
+            block_size * row_bytes, row_bytes, kv0 * D * (int64_t)sizeof(TC),                  \
+            (kv1 - kv0) * D * (int64_t)sizeof(TC)};                                            \
+        if (seq == seq0) /* the first blocks; later sequences' come from the one before */     \
             for (int64_t b = 0; b < AHEAD; b++)                                                \
                 for (int64_t o = 0; o < block_size; o++)                                       \
-                    prefetch_row(block_at(&visit, b), o, block_bytes / block_size);            \
+                    prefetch_row(&visit, block_at(&visit, b), o);                              \
         switch (D) {                                                                           \
         case 64: CALL_ITEM(ITEM, 64); break;                                                   \
         case 80: CALL_ITEM(ITEM, 80); break;                                                   \
@@ -149,30 +208,37 @@ static int NAME(const TQ *query, const TC *key_cache, const TC *value_cache,    
     return 0;                                                                                  \
 }
 
-DEFINE_ITEM(item_f32, float, float, load_f32, load_f32, store_f32)
-DEFINE_ITEM(item_bf16, bf16, bf16, load_bf16, load_bf16, store_bf16)
-DEFINE_ITEM(item_f32_bf16kv, float, bf16, load_f32, load_bf16, store_f32)
-/* The exported entry points: sequences [bounds[p], bounds[p + 1]) for each of `parts` parts,
- * handed out to `threads` threads of the OpenMP pool (torch's own, when torch is loaded: its
- * threads are the ones already running, so the kernel neither oversubscribes the cores nor
- * waits for threads that spin in torch's pool). Parts are taken as threads come free. */
-#define DEFINE_DECODE(NAME, RANGE, TQ, TC)                                                    \
+DEFINE_ITEM(item_f32, float, float, load_f32, dot_f32, axpy_f32, store_f32)
+DEFINE_ITEM(item_bf16, bf16, bf16, load_bf16, dot_bf16, axpy_bf16, store_bf16)
+DEFINE_ITEM(item_f32_bf16kv, float, bf16, load_f32, dot_bf16, axpy_bf16, store_f32)
+DEFINE_ITEM(item_f32_f16kv, float, f16, load_f32, dot_f16, axpy_f16, store_f32)
+
+/* The exported entry points: each of `num_parts` parts (rows of `parts`) handed out to
+ * `threads` threads of the OpenMP pool (torch's own, when torch is loaded: its threads are the
+ * ones already running, so the kernel neither oversubscribes the cores nor waits for threads
+ * that spin in torch's pool). Parts are taken as threads come free; one part runs on the
+ * calling thread alone, without entering the pool. */
+#define DEFINE_DECODE(NAME, PART, TQ, TC)                                                     \
 int NAME(const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *tables,   \
          const int32_t *lens, TQ *out, int64_t num_heads, int64_t num_kv_heads,                \
          int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
-         const int64_t *bounds, int64_t parts, int64_t threads) {                              \
+         const int64_t *parts, int64_t num_parts, int64_t threads) {                           \
+    if (num_parts == 1)                                                                        \
+        return PART(query, key_cache, value_cache, tables, lens, out, num_heads, num_kv_heads, \
+                    head_dim, block_size, table_width, scale, parts);                          \
     int failed = 0;                                                                            \
     _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(|: failed)") \
-    for (int64_t p = 0; p < parts; p++)                                                        \
-        failed |= RANGE(query, key_cache, value_cache, tables, lens, out, num_heads,           \
-                        num_kv_heads, head_dim, block_size, table_width, scale, bounds[p],     \
-                        bounds[p + 1]);                                                        \
+    for (int64_t p = 0; p < num_parts; p++)                                                    \
+        failed |= PART(query, key_cache, value_cache, tables, lens, out, num_heads,            \
+                       num_kv_heads, head_dim, block_size, table_width, scale, parts + 4 * p); \
     return failed;                                                                             \
 }
 
-DEFINE_RANGE(range_f32, item_f32, float, float)
-DEFINE_RANGE(range_bf16, item_bf16, bf16, bf16)
-DEFINE_RANGE(range_f32_bf16kv, item_f32_bf16kv, float, bf16)
-DEFINE_DECODE(paged_decode_f32, range_f32, float, float)
-DEFINE_DECODE(paged_decode_bf16, range_bf16, bf16, bf16)
-DEFINE_DECODE(paged_decode_f32_bf16kv, range_f32_bf16kv, float, bf16)
+DEFINE_PART(part_f32, item_f32, float, float)
+DEFINE_PART(part_bf16, item_bf16, bf16, bf16)
+DEFINE_PART(part_f32_bf16kv, item_f32_bf16kv, float, bf16)
+DEFINE_PART(part_f32_f16kv, item_f32_f16kv, float, f16)
+DEFINE_DECODE(paged_decode_f32, part_f32, float, float)
+DEFINE_DECODE(paged_decode_bf16, part_bf16, bf16, bf16)
+DEFINE_DECODE(paged_decode_f32_bf16kv, part_f32_bf16kv, float, bf16)
+DEFINE_DECODE(paged_decode_f32_f16kv, part_f32_f16kv, float, f16)

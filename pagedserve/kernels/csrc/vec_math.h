@@ -5,6 +5,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 typedef uint16_t bf16;
 
@@ -22,6 +25,76 @@ static inline bf16 to_bf16(float v) {
     return (bf16)(bits >> 16);
 }
 static inline float round_bf16(float v) { return from_bf16(to_bf16(v)); }
+
+/* IEEE half precision as its bits, converted with integer and float operations the compiler
+ * vectorises (GCC 12 converts _Float16 one element at a time without AVX512-FP16).
+ * Widening is exact: the exponent and mantissa move into place, and a multiply by 2^112
+ * rebiases the exponent (which also normalises subnormal halves); infinities and NaNs keep
+ * an all-ones exponent. Narrowing rounds to nearest even, as torch's conversion does:
+ * overflow gives infinity, NaN a quiet NaN, and results below the smallest normal half are
+ * rounded by the float adder (adding 0.5 moves the bits to round into place). */
+typedef uint16_t f16;
+
+static inline float from_f16(f16 h) {
+    const uint32_t bits = h, sign = (bits & 0x8000u) << 16, magnitude = (bits & 0x7fffu) << 13;
+    float f;
+    memcpy(&f, &magnitude, sizeof f);
+    f *= 0x1p112f;
+    uint32_t out;
+    memcpy(&out, &f, sizeof out);
+    out |= magnitude >= (0x7c00u << 13) ? 0x7f800000u : 0u; /* infinity, NaN */
+    out |= sign;
+    memcpy(&f, &out, sizeof f);
+    return f;
+}
+
+static inline f16 to_f16(float v) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    const uint32_t sign = bits & 0x80000000u, magnitude = bits ^ sign;
+    /* below 2^-14: the float sum with 0.5 rounds the magnitude to a multiple of 2^-24 */
+    float small;
+    memcpy(&small, &magnitude, sizeof small);
+    small += 0.5f;
+    uint32_t small_bits;
+    memcpy(&small_bits, &small, sizeof small_bits);
+    const uint32_t subnormal = small_bits - 0x3f000000u;
+    /* normal: rebias the exponent, round the 13 dropped bits to nearest even */
+    const uint32_t normal = (magnitude + 0xc8000fffu + ((magnitude >> 13) & 1u)) >> 13;
+    uint32_t out = magnitude < 0x38800000u ? subnormal : normal;
+    out = magnitude >= 0x47800000u ? 0x7c00u : out;  /* overflow: infinity */
+    out = magnitude > 0x7f800000u ? 0x7e00u : out;   /* NaN */
+    return (f16)(out | (sign >> 16));
+}
+
+/* A run of n halves widened, or n floats narrowed, with the processor's conversion
+ * instructions where it has them (AVX-512: 16 a instruction, F16C: 8; both exact and rounding
+ * to nearest even, as above, which the rest of each run uses). */
+static inline void widen_f16(const f16 *restrict in, float *restrict out, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(in + i))));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + i))));
+#endif
+    for (; i < n; i++) out[i] = from_f16(in[i]);
+}
+
+static inline void narrow_f16(const float *restrict in, f16 *restrict out, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(out + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < n; i++) out[i] = to_f16(in[i]);
+}
 
 /* e^x in float32 that the compiler vectorises (libm's expf is a call per element, and its
  * vector forms are only declared under -ffast-math): 2^(x log2 e) split into an integer power,

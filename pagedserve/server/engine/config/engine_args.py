@@ -171,9 +171,11 @@ class EngineArgs:
         g.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
         g.add_argument("--kv-cache-dtype", default="auto",
                        choices=list(KV_CACHE_DTYPES),
-                       help="element type of the KV cache; auto: the model's dtype. bfloat16 "
-                            "under a float32 model holds twice the tokens and reads half the "
-                            "bytes per decode step (CPU kernel backends and torch)")
+                       help="element type of the KV cache; auto: the model's dtype, except "
+                            "float16 under a float32 model on the CPU's C kernels (the 'cpu' "
+                            "backend). A 16-bit cache under a float32 model holds twice the "
+                            "tokens and reads half the bytes per decode step (CPU kernel "
+                            "backends and torch)")
         size = g.add_mutually_exclusive_group()
         size.add_argument("--num-kv-blocks", type=int, default=None,
                           help="device KV cache blocks; overrides the memory-based sizing")

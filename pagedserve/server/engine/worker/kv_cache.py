@@ -11,8 +11,9 @@ is touched mid-step. ``prefault`` therefore writes the device pool once at start
 does, so that the memory is the process's from the start and a lack of it shows there, not
 mid-run; tests turn it off, holding many engines at once.
 The pools' element type is the model's, or a narrower one (``--kv-cache-dtype``): a float32
-model over a bfloat16 cache holds twice the tokens in the same memory and reads half the bytes
-per decode step, at bfloat16's rounding of K and V.
+model over a 16-bit cache holds twice the tokens in the same memory and reads half the bytes
+per decode step, at the 16-bit rounding of K and V. On the CPU's C kernels a float32 model
+keeps a float16 cache unless told otherwise (``KernelOps.float32_model_cache_dtype``).
 """
 
 from __future__ import annotations
@@ -37,11 +38,17 @@ BlockMapping = Sequence[tuple[int, int]]
 
 def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype,
                            kernel_ops: KernelOps) -> torch.dtype:
-    """The KV cache's element type: the model's for ``auto``, else the one named."""
+    """The KV cache's element type: the one named, or for ``auto`` the model's, except under
+    a float32 model whose kernels prefer a narrower cache (the CPU's C kernels: float16)."""
     if name not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                          f"{name!r}")
-    dtype = model_dtype if name == "auto" else DTYPES[name]
+    if name != "auto":
+        dtype = DTYPES[name]
+    elif model_dtype == torch.float32 and kernel_ops.float32_model_cache_dtype is not None:
+        dtype = kernel_ops.float32_model_cache_dtype
+    else:
+        dtype = model_dtype
     if dtype != model_dtype and not kernel_ops.reads_other_cache_dtypes:
         raise ValueError(
             f"kv_cache_dtype {name} differs from the model's "
