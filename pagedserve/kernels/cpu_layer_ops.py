@@ -35,17 +35,25 @@ def _kernel(op: str, dtype: torch.dtype):
     return function
 
 
-def _runs_here(*tensors: torch.Tensor) -> bool:
-    return all(t.device.type == "cpu" and t.dtype in _SUFFIX for t in tensors)
+# A one-token step calls these a few times a layer, so the checks read only what a tensor
+# holds in its Python object (is_cpu, dtype, dim, strides) and outputs come from
+# torch.empty_like where the input is dense: the wrapper costs about as much as the C loop.
+
+
+def _runs_here(x: torch.Tensor) -> bool:
+    return x.is_cpu and x.dtype in _SUFFIX and x.dim() == 2 and x.stride(1) == 1
+
+
+def _output(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Same contract as :func:`pagedserve.kernels.layer_ops.rms_norm`."""
-    if not _runs_here(x) or weight.dtype != x.dtype or x.stride(-1) != 1 or x.dim() != 2:
+    if not (_runs_here(x) and weight.dtype is x.dtype and weight.is_contiguous()):
         return layer_ops.rms_norm(x, weight, eps)
-    weight = weight.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype)
     rows, hidden = x.shape
+    out = _output(x)
     _kernel("rms_norm", x.dtype)(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
                                  hidden, hidden, eps, rows,
                                  cpu_parallel.threads_for(rows * hidden))
@@ -55,13 +63,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                   eps: float) -> torch.Tensor:
     """Same contract as :func:`pagedserve.kernels.layer_ops.add_rms_norm_`."""
-    if (not _runs_here(x, residual) or not x.dtype == residual.dtype == weight.dtype
-            or x.dim() != 2 or x.shape != residual.shape or x.stride(-1) != 1
-            or not residual.is_contiguous()):
+    if not (_runs_here(x) and residual.dtype is x.dtype and weight.dtype is x.dtype
+            and residual.is_cpu and x.shape == residual.shape and residual.is_contiguous()
+            and weight.is_contiguous()):
         return layer_ops.add_rms_norm_(x, residual, weight, eps)
-    weight = weight.contiguous()
-    out = torch.empty(x.shape, dtype=x.dtype)
     rows, hidden = x.shape
+    out = torch.empty_like(residual)
     _kernel("add_rms_norm", x.dtype)(x.data_ptr(), x.stride(0), residual.data_ptr(),
                                      weight.data_ptr(), out.data_ptr(), hidden, eps, rows,
                                      cpu_parallel.threads_for(rows * hidden))
@@ -70,7 +77,7 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """Same contract as :func:`pagedserve.kernels.layer_ops.silu_and_mul`."""
-    if not _runs_here(x) or x.dim() != 2:
+    if not (x.is_cpu and x.dtype in _SUFFIX and x.dim() == 2):
         return layer_ops.silu_and_mul(x)
     x = x.contiguous()
     rows, width = x.shape
@@ -82,10 +89,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """Same contract as :func:`pagedserve.kernels.layer_ops.rotary_`."""
-    if not _runs_here(x) or x.dim() != 2 or x.stride(-1) != 1 or cos.dtype != torch.float32:
+    if not (_runs_here(x) and cos.dtype is torch.float32 and cos.is_contiguous()
+            and sin.is_contiguous()):
         layer_ops.rotary_(x, heads, cos, sin)
         return
-    cos, sin = cos.contiguous(), sin.contiguous()
     rows, half = cos.shape
     _kernel("rotary", x.dtype)(x.data_ptr(), x.stride(0), heads, half, cos.data_ptr(),
                                sin.data_ptr(), rows,
