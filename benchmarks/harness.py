@@ -77,9 +77,9 @@ def read_address(process: subprocess.Popen[Any], timeout_s: float,
 
 
 def wait_ready(base_url: str, process: subprocess.Popen[Any] | None, timeout_s: float,
-               path: str = "/health") -> float:
-    """Seconds until ``GET base_url + path`` answers 200; raises if the process exits first
-    or the time runs out."""
+               path: str = "/health", poll_s: float = 0.5) -> float:
+    """Seconds until ``GET base_url + path`` answers 200, asked every ``poll_s``; raises if the
+    process exits first or the time runs out."""
     start_time = time.monotonic()
     while time.monotonic() - start_time < timeout_s:
         if process is not None and process.poll() is not None:
@@ -89,7 +89,7 @@ def wait_ready(base_url: str, process: subprocess.Popen[Any] | None, timeout_s: 
               urllib.request.urlopen(base_url + path, timeout=5) as response):
             if response.status == 200:
                 return time.monotonic() - start_time
-        time.sleep(0.5)
+        time.sleep(poll_s)
     raise RuntimeError(f"server at {base_url} not ready after {timeout_s:.0f} s")
 
 

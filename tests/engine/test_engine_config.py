@@ -99,3 +99,16 @@ def test_swap_space_defaults_to_none_on_the_cpu_and_4_gib_with_an_accelerator() 
     assert EngineArgs().cache_config("cuda").swap_space == 4.0
     assert EngineArgs(swap_space=0.5).cache_config("cpu").swap_space == 0.5
     assert EngineArgs(swap_space=0).cache_config("cuda").swap_space == 0.0
+
+
+def test_the_models_context_is_cut_to_what_the_kv_cache_holds_unless_asked_for(caplog) -> None:
+    from pagedserve.server import LLM
+
+    # tiny's 2,048 positions in 16 blocks of 16 tokens: 256 tokens a request, with a warning.
+    llm = LLM("tiny", num_kv_blocks=16, skip_tokenizer_init=True)
+    assert llm.engine.max_model_len == 256
+    assert llm.engine.scheduler_config.max_model_len == 256
+    assert "max_model_len 2048 (the model's) does not fit the KV cache" in caplog.text
+    with pytest.raises(ValueError, match="max_model_len 512 needs 32 KV blocks of 16 tokens, "
+                                         "but the KV cache holds 16 blocks"):
+        LLM("tiny", num_kv_blocks=16, max_model_len=512, skip_tokenizer_init=True)

@@ -73,6 +73,7 @@ class LLMEngine:
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.cache_config = self._sized_cache_config(baseline)
+        self._fit_max_model_len()
         self.kv_cache = self._create_kv_cache()
         self.workers.finish_startup(self.kv_cache)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
@@ -109,6 +110,27 @@ class LLMEngine:
             raise ValueError(f"max_model_len {requested} exceeds the model's limit of {limit} "
                              f"positions")
         return requested
+
+    def _fit_max_model_len(self) -> None:
+        """Without a ``max_model_len`` asked for, one that the KV cache cannot hold for a single
+        sequence (a Llama 3 file's 131,072 positions beside the CPU's default 1 GiB) becomes
+        what it holds, with a warning, as llama.cpp sizes its context; an asked-for one is
+        refused by the KV cache instead."""
+        if self.args.max_model_len is not None:
+            return
+        dtype = resolve_kv_cache_dtype(self.args.kv_cache_dtype, self.model.dtype,
+                                       self.model.kernel_ops)
+        bytes_per_block = shard_config(self.model_config, self.workers.size).bytes_per_block(
+            self.cache_config.block_size, dtype)
+        capacity = (self.cache_config.resolve_num_blocks(bytes_per_block)
+                    * self.cache_config.block_size)
+        if capacity >= self.max_model_len:
+            return
+        logger.warning("max_model_len %d (the model's) does not fit the KV cache, which holds "
+                       "%d tokens: serving up to %d tokens a request; pass --max-model-len, or "
+                       "more --kv-cache-memory", self.max_model_len, capacity, capacity)
+        self.max_model_len = capacity
+        self.scheduler_config = self.args.scheduler_config(capacity)
 
     def _sized_cache_config(self, baseline: MemorySnapshot | None) -> CacheConfig:
         """The cache config, its KV memory measured when it is sized by the default share
