@@ -1,4 +1,5 @@
-"""Opening a GGUF file (llama.cpp's format) with the ``gguf`` package, once per process.
+"""Opening a GGUF file (llama.cpp's format) with the ``gguf`` package, once per process
+(its reader, with metadata arrays read in one pass: ``gguf_reader.py``).
 
 The model loader and the tokenizer loader both read the same file: the header (metadata and
 the tensor table) is parsed once and shared, and the tensor data stays in the file's memory
@@ -47,10 +48,11 @@ def open_gguf(path: str | os.PathLike[str]) -> Any:
 
 @lru_cache(maxsize=2)
 def _read(path: Path, size: int, mtime_ns: int) -> Any:
-    from gguf import GGUFReader  # numpy-heavy; only GGUF users pay for the import
+    # numpy-heavy; only GGUF users pay for the import
+    from pagedserve.common.gguf_reader import FastArrayReader
 
     try:
-        return GGUFReader(path, "r")
+        return FastArrayReader(path, "r")
     except (ValueError, KeyError, IndexError, TypeError, OSError, OverflowError) as exc:
         # The reader walks the header with numpy views: a file cut short shows up as a view
         # that is too small to reshape or index.

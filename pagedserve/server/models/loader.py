@@ -3,7 +3,10 @@ on the device, ready for inference (``source.py`` reads either).
 
 The model is built on the meta device (no memory, no random init), the checkpoint's names,
 shapes and tensor types are checked against it, its parameters are then allocated once in the
-target dtype and device, and the checkpoint is copied in.
+target dtype and device, and the checkpoint is copied in. Under ``--quantization gguf`` the
+projections a kernel runs are built from the file's blocks first and their float parameters
+released before anything is written to them (an allocation that is never written takes no
+memory), so the float model is never held.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 from pagedserve.common.gguf_file import release_gguf_files
 from pagedserve.kernels.cpu_block_quant import with_activations
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
+from pagedserve.kernels.quantized_linear import QuantKernel
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
 from pagedserve.server.models.gguf_quantized import keep_gguf_types
@@ -32,7 +36,7 @@ from pagedserve.server.models.quantized_linear import (
 )
 from pagedserve.server.models.registry import get_model_class
 from pagedserve.server.models.source import check_model_path, load_config, model_weights
-from pagedserve.server.models.weights import check_weights, load_weights
+from pagedserve.server.models.weights import check_weights, load_weights, released, weight_slots
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +79,17 @@ def materialize(model: nn.Module, dtype: torch.dtype, device: torch.device) -> N
             setattr(module, name, made[id(param)][1])
         for name, buffer in list(module.named_buffers(recurse=False)):
             setattr(module, name, buffer.to(device))
+
+
+def _projections_from_blocks(model: CausalLM, path: Path, config: ModelConfig,
+                             kernels: tuple[QuantKernel, ...],
+                             report: QuantizationReport) -> frozenset[str]:
+    """``--quantization gguf`` before any float weight is written: each projection a kernel
+    takes is built from the file's blocks, and the float parameter it replaces is released
+    untouched, so that it never takes memory. Returns the checkpoint names placed that way."""
+    slots, _ = weight_slots(model)
+    report.kernels = keep_gguf_types(model, path, config, kernels)
+    return released(model, slots)
 
 
 def load_model(
@@ -120,9 +135,10 @@ def load_model(
     try:
         check_weights(model, model_weights(model_dir, config), str(model_dir))
         materialize(model, run_dtype, device)
-        load_weights(model, model_weights(model_dir, config), str(model_dir))
+        placed: frozenset[str] = frozenset()
         if quantization == "gguf":
-            report.kernels = keep_gguf_types(model, model_dir, config, kernels)
+            placed = _projections_from_blocks(model, model_dir, config, kernels, report)
+        load_weights(model, model_weights(model_dir, config), str(model_dir), placed=placed)
     finally:
         # The engine reads the tokenizer first, so a GGUF file's header is not needed again.
         release_gguf_files()

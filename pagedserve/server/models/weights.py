@@ -6,7 +6,7 @@ tensor. A missing, unexpected, duplicated or misshapen weight is an error that n
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -93,16 +93,25 @@ def check_weights(
 
 
 def load_weights(
-    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor | TensorSource]], source: str
+    model: CausalLM, weights: Iterable[tuple[str, torch.Tensor | TensorSource]], source: str,
+    placed: Collection[str] = (),
 ) -> None:
     """Copies every checkpoint tensor, or the part of it this rank holds, into its slot
-    (casting to the parameter's dtype)."""
-    _place(model, weights, source, load=True)
+    (casting to the parameter's dtype). Names in ``placed`` were put in place by another
+    loader (a quantized projection built from the file's blocks) and are skipped."""
+    _place(model, weights, source, load=True, placed=placed)
+
+
+def released(model: nn.Module, slots: dict[str, WeightSlot]) -> frozenset[str]:
+    """The checkpoint names among ``slots`` whose parameters ``model`` no longer holds (a
+    projection or embedding that a quantized loader replaced)."""
+    held = {id(p) for p in model.parameters()}
+    return frozenset(name for name, slot in slots.items() if id(slot.param) not in held)
 
 
 def _place(
     model: CausalLM, weights: Iterable[tuple[str, torch.Tensor | TensorSource]], source: str,
-    load: bool,
+    load: bool, placed: Collection[str] = (),
 ) -> None:
     slots, aliases = weight_slots(model)
     architecture = type(model).__name__
@@ -110,7 +119,7 @@ def _place(
     unexpected: list[str] = []
     for name, tensor in weights:
         target = model.map_checkpoint_name(name)
-        if target is None or target in aliases:
+        if target is None or target in aliases or target in placed:
             continue
         slot = slots.get(target)
         if slot is None:

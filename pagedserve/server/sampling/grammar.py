@@ -19,13 +19,24 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
-import xgrammar
 
 from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.common.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    import xgrammar
+
+
+def _xgrammar():
+    """xgrammar, imported on first use: with its imports (torch's, transformers') it takes
+    about a second of a server's start-up, which a server without structured output would
+    spend for nothing."""
+    import xgrammar
+
+    return xgrammar
 
 
 class TokenVocabulary(Protocol):
@@ -58,6 +69,7 @@ class GrammarCompiler:
         if cache_size < 1:
             raise ValueError(f"cache_size must be at least 1, got {cache_size}")
         self.vocab_size = len(vocab)
+        xgrammar = _xgrammar()
         info = xgrammar.TokenizerInfo(vocab, vocab_type=xgrammar.VocabType.RAW,
                                       vocab_size=len(vocab),
                                       stop_token_ids=sorted(set(stop_token_ids)))
@@ -113,7 +125,7 @@ class GrammarCompiler:
         if spec.json_object or spec.json is not None:
             schema = ('{"type": "object"}' if spec.json_object else
                       spec.json if isinstance(spec.json, str) else json.dumps(spec.json))
-            ebnf = str(xgrammar.Grammar.from_json_schema(schema, **json_layout))
+            ebnf = str(_xgrammar().Grammar.from_json_schema(schema, **json_layout))
             for loose in _STRING_CHAR_CLASSES:
                 ebnf = ebnf.replace(loose, _STRICT_STRING_CHAR)
             return compiler.compile_grammar(ebnf)
@@ -141,7 +153,7 @@ class GrammarState:
 
     @classmethod
     def start(cls, compiled: xgrammar.CompiledGrammar) -> GrammarState:
-        return cls(xgrammar.GrammarMatcher(compiled))
+        return cls(_xgrammar().GrammarMatcher(compiled))
 
     def accept(self, token_id: int) -> bool:
         """Advance past ``token_id``; False (state unchanged) if the grammar forbids it."""
@@ -166,7 +178,7 @@ def grammar_bitmask(states: list[GrammarState | None], vocab_size: int
     rows = [i for i, state in enumerate(states) if state is not None]
     if not rows:
         return None
-    bitmask = xgrammar.allocate_token_bitmask(len(states), vocab_size)
+    bitmask = _xgrammar().allocate_token_bitmask(len(states), vocab_size)
     for i in rows:
         states[i].fill_bitmask(bitmask, i)
     return bitmask, rows
@@ -174,5 +186,6 @@ def grammar_bitmask(states: list[GrammarState | None], vocab_size: int
 
 def apply_grammar_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
     """Set to -inf, in place, every logit the bitmask forbids on ``rows``."""
-    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                         vocab_size=logits.shape[1], indices=rows)
+    _xgrammar().apply_token_bitmask_inplace(
+        logits, bitmask.to(logits.device, non_blocking=True), vocab_size=logits.shape[1],
+        indices=rows)
