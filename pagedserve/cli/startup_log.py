@@ -35,7 +35,7 @@ def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str],
         f"tokens of {str(kv.dtype).removeprefix('torch.')}, {num_bytes:,} bytes "
         f"({num_bytes / MiB:,.2f} MiB); CPU swap space: "
         f"{kv.num_cpu_blocks:,} blocks",
-        *_prefault_lines(kv.prefault_seconds),
+        *_prefault_lines(kv.prefault_seconds, kv.prefaulting),
         *_tensor_parallel_lines(engine),
         f"max_model_len: {engine.max_model_len:,}, max_num_seqs: {sched.max_num_seqs}, "
         f"max_num_batched_tokens: {sched.max_num_batched_tokens:,}",
@@ -46,10 +46,12 @@ def startup_lines(engine: LLMEngine, config: ServerConfig, urls: list[str],
     ]
 
 
-def _prefault_lines(seconds: float | None) -> list[str]:
+def _prefault_lines(seconds: float | None, prefaulting: bool) -> list[str]:
+    if prefaulting:
+        return ["KV cache prefault: made resident in the background"]
     if seconds is None:
         return []
-    return [f"KV cache prefaulted: written once at start-up, in {seconds:.2f} s"]
+    return [f"KV cache prefaulted: made resident at start-up in {seconds:.2f} s"]
 
 
 def _tensor_parallel_lines(engine: LLMEngine) -> list[str]:

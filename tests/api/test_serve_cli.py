@@ -212,8 +212,9 @@ async def test_startup_log(model_dir: Path) -> None:
     logged = [entry.split("pagedserve.serve: ", 1)[1] for entry in err.decode().splitlines()
               if "INFO pagedserve.serve: " in entry]
     num_bytes = 48 * ModelConfig.from_pretrained(model_dir).bytes_per_block(16, torch.float32)
-    prefaulted = re.fullmatch(r"KV cache prefaulted: written once at start-up, in "
-                              r"(\d+\.\d\d) s", logged.pop(3))
+    # Populated by a thread where Linux can (done by now, or not yet), else zeroed at start-up.
+    prefaulted = re.fullmatch(r"KV cache prefault(ed: made resident at start-up in \d+\.\d\d s"
+                              r"|: made resident in the background)", logged.pop(3))
     assert prefaulted is not None, logged
     assert logged[:6] == [
         f"model: {model_dir} ({model_dir}), served as tiny-test",

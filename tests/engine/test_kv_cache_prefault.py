@@ -1,5 +1,6 @@
-"""The CPU KV cache written once at start-up (prefault): its memory is resident before the
-first step, and the setting comes from the argument, else $PAGEDSERVE_KV_CACHE_PREFAULT."""
+"""The CPU KV cache made resident at start-up (prefault): its memory is resident once the
+prefault is done (a thread where Linux populates pages), its contents are never changed by
+it, and the setting comes from the argument, else $PAGEDSERVE_KV_CACHE_PREFAULT."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def build(prefault: bool) -> tuple[KVCache, int]:
     before = resident_bytes()
     cache = KVCache(CONFIG, 16, NUM_BLOCKS, 0, torch.float32, "cpu", TORCH_OPS,
                     prefault=prefault)
+    cache.wait_prefault()
     return cache, resident_bytes() - before
 
 
@@ -48,6 +50,16 @@ def test_a_prefaulted_pool_is_resident_and_a_lazy_one_is_not() -> None:
     assert lazy.prefault_seconds is None
     assert eager.prefault_seconds is not None and eager.prefault_seconds > 0
     assert all(bool((pool == 0).all()) for pool in eager.key_caches + eager.value_caches)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's /proc")
+def test_the_prefault_keeps_what_is_written_meanwhile() -> None:
+    cache = KVCache(CONFIG, 16, NUM_BLOCKS, 0, torch.float32, "cpu", TORCH_OPS, prefault=True)
+    # The engine may write its first blocks while the pages are still being made resident.
+    cache.value_caches[0][-1].fill_(3.0)
+    cache.wait_prefault()
+    assert bool((cache.value_caches[0][-1] == 3.0).all())
+    assert not cache.prefaulting
 
 
 def test_the_argument_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""Transparent huge pages for the KV cache on the CPU.
+"""Transparent huge pages for the KV cache on the CPU, and its pages made resident ahead of use.
 
 Decode attention reads every running sequence's blocks each step, scattered over the whole
 cache (a GiB or more). With 4 KiB pages nearly every block read also misses the TLB, and a
@@ -7,6 +7,9 @@ TLB entries. Linux backs an anonymous mapping with huge pages when the system se
 (``/sys/kernel/mm/transparent_hugepage/enabled``) is ``always``, or ``madvise`` and the range
 was advised with ``MADV_HUGEPAGE`` before it is first touched, which ``advise_huge_pages``
 does. Elsewhere it does nothing.
+
+``populate`` faults a tensor's pages in as writable (``MADV_POPULATE_WRITE``, Linux 5.14) without
+writing to them: what is already there stays, so it may run while the tensor is in use.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from collections.abc import Callable
 import torch
 
 MADV_HUGEPAGE = 14
+MADV_POPULATE_WRITE = 23
 HUGE_PAGE = 2 << 20
+PAGE = 4096
 
 
 @functools.cache
@@ -48,3 +53,15 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     if end - first < HUGE_PAGE:
         return False
     return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE) == 0)
+
+
+def populate(tensor: torch.Tensor) -> bool:
+    """Makes a CPU tensor's pages resident and writable without changing its contents; False
+    where the kernel does not do it (before Linux 5.14, or not Linux) or memory ran short."""
+    madvise = _madvise()
+    if madvise is None or tensor.device.type != "cpu" or tensor.numel() == 0:
+        return False
+    start = tensor.data_ptr()
+    first = start - start % PAGE
+    end = start + tensor.numel() * tensor.element_size()
+    return bool(madvise(first, end - first, MADV_POPULATE_WRITE) == 0)
