@@ -47,6 +47,7 @@ def c_compiler() -> str | None:
     return next((found for name in names if (found := shutil.which(name))), None)
 
 
+@functools.cache
 def _host() -> bytes:
     """The processor the build is for: -march=native code may not run on another one (a cache
     directory on a shared disk or in a moved container)."""
@@ -67,12 +68,19 @@ def _flags(name: str) -> tuple[str, ...]:
 def _build_key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     """A hash of the source, the headers it may include, the flags, the compiler and the
     processor."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
-                             check=False).stdout
+    version = _compiler_version(compiler)
     headers = b"".join(path.read_bytes() for path in sorted(SOURCE_DIR.glob("*.h")))
     digest = hashlib.sha256(source + headers + " ".join(flags).encode() + version.encode()
                             + _host())
     return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    """Asked once a process: each library's key needs it, and a run of the compiler costs
+    about 0.1 s of start-up."""
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                          check=False).stdout
 
 
 @functools.cache
