@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from pagedserve.common.gguf_file import release_gguf_files
+from pagedserve.common.heap import trim_heap
 from pagedserve.kernels.cpu_block_quant import with_activations
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.kernels.quantized_linear import QuantKernel
@@ -142,6 +143,7 @@ def load_model(
     finally:
         # The engine reads the tokenizer first, so a GGUF file's header is not needed again.
         release_gguf_files()
+        trim_heap()  # what repacking and reading the file freed
     model.eval()
     if quantization not in ("none", "gguf"):
         report.kernels = quantize_linear_layers(model, quantization, kernels)
