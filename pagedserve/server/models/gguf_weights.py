@@ -18,6 +18,7 @@ are split into their parts as rows of raw blocks (``fused_weights.py``).
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pagedserve.common.process_memory import drop_mapped_pages
 from pagedserve.server.models.fused_weights import split_fused
 from pagedserve.server.models.gguf_config import ROPE_TENSORS
 from pagedserve.server.models.model_config import ModelConfig
@@ -80,21 +82,53 @@ def hf_row_order(rows: int, num_heads: int) -> torch.Tensor:
     return torch.arange(rows).view(num_heads, half, 2).transpose(1, 2).reshape(-1)
 
 
+class MappedPages:
+    """The pages of the file map that loading keeps in the resident set: those of the last
+    ``window`` tensors whose data was handed out (a projection reads up to three at once);
+    an older tensor's whole pages are unmapped (``drop_mapped_pages``). Reading that tensor
+    again maps them again from the page cache, so this bounds the memory, never what is read:
+    without it every tensor read stays resident beside its repacked copy until the load ends,
+    and the peak holds the file twice."""
+
+    def __init__(self, window: int = 8) -> None:
+        self.window = window
+        self._recent: deque[np.ndarray] = deque()
+
+    def handed_out(self, data: np.ndarray) -> None:
+        if any(data is seen for seen in self._recent):
+            return
+        self._recent.append(data)
+        while len(self._recent) > self.window:
+            self.drop(self._recent.popleft())
+
+    @staticmethod
+    def drop(data: np.ndarray) -> None:
+        drop_mapped_pages(data.ctypes.data, data.nbytes)
+
+
 @dataclass(frozen=True, slots=True)
 class GGUFTensor:
     """One tensor as the file stores it.
 
     ``data`` is the memory-mapped numpy array in ``tensor_type``'s layout (for a quantized
-    type, ``uint8`` rows of blocks); ``shape`` is the Hugging Face shape (rows first: the
-    reverse of GGUF's); ``row_order`` (or None) reorders rows into the Hugging Face layout,
-    which works on rows of quantized blocks too."""
+    type, ``uint8`` rows of blocks), handed out through ``pages`` where there is one;
+    ``shape`` is the Hugging Face shape (rows first: the reverse of GGUF's); ``row_order``
+    (or None) reorders rows into the Hugging Face layout, which works on rows of quantized
+    blocks too."""
 
     name: str
     gguf_name: str
     tensor_type: Any  # gguf.GGMLQuantizationType
-    data: np.ndarray
+    mapped: np.ndarray
     shape: tuple[int, ...]
     row_order: torch.Tensor | None = None
+    pages: MappedPages | None = None
+
+    @property
+    def data(self) -> np.ndarray:
+        if self.pages is not None:
+            self.pages.handed_out(self.mapped)
+        return self.mapped
 
     def get_shape(self) -> tuple[int, ...]:
         return self.shape
@@ -106,7 +140,8 @@ class GGUFTensor:
             raise ModelLoadError(f"GGUF tensor {self.gguf_name!r} is stored rope-permuted and "
                                  f"cannot be split into {name!r}")
         return GGUFTensor(name, self.gguf_name, self.tensor_type,
-                          self.data[start : start + size], (size, *self.shape[1:]))
+                          self.mapped[start : start + size], (size, *self.shape[1:]),
+                          pages=self.pages)
 
     def __getitem__(self, index: Any) -> torch.Tensor:
         # A TensorSource: a tensor-parallel rank slices the dequantized tensor.
@@ -173,7 +208,8 @@ def check_tensor_types(reader: Any) -> None:
         checked.add(kind)
 
 
-def _stored_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, GGUFTensor]]:
+def _stored_tensors(reader: Any, config: ModelConfig,
+                    pages: MappedPages) -> Iterator[tuple[str, GGUFTensor]]:
     for tensor in reader.tensors:
         if tensor.name in ROPE_TENSORS:
             continue  # read into the config's rope scaling
@@ -183,14 +219,18 @@ def _stored_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, GGU
         order = None
         if heads is not None and shape and shape[0] == heads * config.head_dim:
             order = hf_row_order(shape[0], heads)
-        yield name, GGUFTensor(name, tensor.name, tensor.tensor_type, tensor.data, shape, order)
+        yield name, GGUFTensor(name, tensor.name, tensor.tensor_type, tensor.data, shape, order,
+                               pages)
 
 
-def gguf_tensors(reader: Any, config: ModelConfig) -> Iterator[GGUFTensor]:
+def gguf_tensors(reader: Any, config: ModelConfig,
+                 pages: MappedPages | None = None) -> Iterator[GGUFTensor]:
     """Every weight of the file, unread, a fused one split into its parts: the hook a
-    quantized loader takes raw blocks from."""
+    quantized loader takes raw blocks from. Their data is handed out through ``pages`` (the
+    caller's, else one for this pass)."""
     fused = get_model_class(config.architecture).fused_tensors(config)
-    parts = split_fused(_stored_tensors(reader, config), fused, config.architecture,
+    pages = pages if pages is not None else MappedPages()
+    parts = split_fused(_stored_tensors(reader, config, pages), fused, config.architecture,
                         cut=lambda name, tensor, start, size: tensor.rows(name, start, size))
     for _, tensor in parts:
         yield tensor

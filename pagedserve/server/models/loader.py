@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from pagedserve.common.gguf_file import release_gguf_files
-from pagedserve.common.heap import trim_heap
+from pagedserve.common.process_memory import trim_heap
 from pagedserve.kernels.cpu_block_quant import with_activations
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.kernels.quantized_linear import QuantKernel
