@@ -23,25 +23,22 @@ _LENGTH = struct.Struct("<Q")
 _ARRAY_HEADER = struct.Struct("<IQ")  # element type, element count
 
 
-class ArrayField:
-    """One metadata array, its values decoded once."""
+class ArrayField(ReaderField):
+    """One metadata array, its values decoded once: the last part holds them all (numbers in
+    their numpy type, strings as Python objects) and ``data`` has one entry per element."""
 
-    def __init__(self, offset: int, name: str, parts: list[Any], values: list[Any],
-                 element_type: GGUFValueType) -> None:
-        self.offset, self.name, self.parts = offset, name, parts
-        self.values = values
-        self.types = [GGUFValueType.ARRAY, element_type]
-        self.data = range(len(values))
+    __slots__ = ()
 
     def contents(self, index_or_slice: int | slice = slice(None)) -> Any:
-        return self.values[index_or_slice]
+        value = self.parts[-1][index_or_slice]
+        return value.tolist() if isinstance(value, np.ndarray | np.generic) else value
 
 
 class FastArrayReader(GGUFReader):
     def _build_fields(self, offs: int, count: int) -> int:
         if self.byte_order != "I":  # a file of the other byte order: the package's way
             return super()._build_fields(offs, count)
-        buffer = memoryview(self.data)
+        buffer = self.data.data  # a memoryview of the map
         for _ in range(count):
             start = offs
             key_length, key = self._get_str(offs)
@@ -71,18 +68,23 @@ class FastArrayReader(GGUFReader):
         raw_element, length = _ARRAY_HEADER.unpack_from(buffer, offs)
         element = GGUFValueType(raw_element)
         begin = offs + _ARRAY_HEADER.size
+        values: np.ndarray
         if element == GGUFValueType.STRING:
-            values, end = _strings(buffer, begin, length)
+            strings, end = _strings(buffer, begin, length)
+            values = np.empty(length, dtype=object)
+            values[:] = strings
         elif element in self.gguf_scalar_to_np:
             dtype = np.dtype(self.gguf_scalar_to_np[element])
             end = begin + dtype.itemsize * length
             if end > len(buffer):
                 raise ValueError(f"metadata array {name!r} runs past the end of the file")
-            values = np.frombuffer(buffer, dtype, length, begin).tolist()
+            values = np.frombuffer(buffer, dtype, length, begin)
         else:
             return None
-        header = [self._get(offs, np.uint32), self._get(offs + 4, np.uint64)]
-        return ArrayField(start, name, header, values, element), end - offs
+        parts = [self._get(offs, np.uint32), self._get(offs + 4, np.uint64), values]
+        field = ArrayField(start, name, parts, list(range(length)),
+                           [GGUFValueType.ARRAY, element])
+        return field, end - offs
 
 
 def _strings(buffer: memoryview, offs: int, count: int) -> tuple[list[str], int]:

@@ -47,4 +47,4 @@ def drop_mapped_pages(address: int, length: int) -> bool:
     end = (address + length) // PAGE * PAGE
     if libc is None or end <= first:
         return False
-    return libc.madvise(first, end - first, MADV_DONTNEED) == 0
+    return bool(libc.madvise(first, end - first, MADV_DONTNEED) == 0)
