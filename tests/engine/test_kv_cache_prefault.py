@@ -49,7 +49,6 @@ def test_a_prefaulted_pool_is_resident_and_a_lazy_one_is_not() -> None:
     assert eager_growth >= 2 * POOL_BYTES - 4 * MiB
     assert lazy.prefault_seconds is None
     assert eager.prefault_seconds is not None and eager.prefault_seconds > 0
-    assert all(bool((pool == 0).all()) for pool in eager.key_caches + eager.value_caches)
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads Linux's /proc")
