@@ -5,7 +5,7 @@ server's memory and its start-up time beside the throughput.
 1. A STREAM-like read probe: the best of several sums over a 1 GiB float32 array on
    ``--threads`` threads (2 by default), in GB/s.
 2. For each file (random Llama-3.2-1B-shaped Q4_K_M and Q8_0 made by llama.cpp's converter
-   and ``llama-quantize``: ``llama_1b_gguf.py``) and each server (``vs_peers_gguf.py`` starts
+   and ``llama-quantize``: ``gguf_presets.make_files``) and each server (``vs_peers_gguf.py`` starts
    them: pagedserve with its defaults, pagedserve with the block-quant kernel's AVX2 path
    forced, ``PAGEDSERVE_BLOCK_QUANT=avx2``, and llama-server with its defaults, ``-np`` = the
    concurrency): 128 prompt tokens and 128 output tokens (``--ignore-eos``) at 1, 8 and 32
@@ -58,6 +58,8 @@ BLOCK_QUANT_ENV = "PAGEDSERVE_BLOCK_QUANT"
 MiB = 1 << 20
 RSS_GOAL_SLACK = 400 * MiB
 KV_LINE = re.compile(r"KV cache: .* ([\d,]+) bytes")
+# Shared with gguf_presets.py, which makes the same files.
+FILES_DIR = Path.home() / ".cache" / "pagedserve-gguf"
 
 
 def read_bandwidth_gbs(threads: int = 2, mib: int = 1024, repeat: int = 7) -> float:
@@ -254,15 +256,20 @@ def print_tables(model: Path, summary: dict, workloads: list[Workload]) -> None:
 
 
 def model_files(args: argparse.Namespace, llama: Path | None) -> list[Path]:
+    """``--gguf``'s files, else the 1B-shaped presets made by the llama.cpp tree that built
+    ``llama`` (``src/build/bin/llama-server``), kept in ``--files-dir``."""
     if args.gguf:
         return [Path(p).resolve() for p in args.gguf]
     if llama is None:
         raise SystemExit("the files are made with llama.cpp's tools: pass --llama-server or "
                          "--gguf FILE")
-    from benchmarks.llama_1b_gguf import build_files
+    from benchmarks.gguf_presets import make_files
+    from benchmarks.llama_cpp_tools import LlamaCpp
 
-    kinds = tuple(args.files.split(","))
-    return list(build_files(llama, types=kinds).values())
+    presets = args.files.split(",")
+    tools = LlamaCpp.find(llama.resolve().parents[3])
+    files = make_files(tools, Path(args.files_dir), "1b", presets)
+    return [files[preset] for preset in presets]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm", help="vLLM's executable, whose `vllm bench serve` is then "
                                        "the client (../shared/peers/install-vllm-cpu.sh)")
     parser.add_argument("--gguf", nargs="*", help="files to serve instead of the 1B files")
-    parser.add_argument("--files", default="Q4_K_M,Q8_0")
+    parser.add_argument("--files", default="Q4_K_M,Q8_0",
+                        help="llama-quantize presets of the 1B-shaped model")
+    parser.add_argument("--files-dir", default=str(FILES_DIR),
+                        help="where the files are made once and reused")
     parser.add_argument("--servers", default=",".join(SERVERS))
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--input-len", type=int, default=128)
