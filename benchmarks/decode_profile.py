@@ -9,8 +9,9 @@ and times every decode-only step:
   step's own ``StepTimer``);
 - inside ``forward``, each call of the model's parts, by wrapping them: the projections
   (``matmul``, the LM head apart as ``lm_head``), the norms, the rotary embedding, the KV
-  cache write, decode attention, SiLU-and-mul, the embedding; the rest of the forward is
-  ``python`` (the modules' own code, views, the loop over layers).
+  cache write, decode attention (with the two before it where the backend runs the three as
+  one call), SiLU-and-mul, the embedding; the rest of the forward is ``python`` (the
+  modules' own code, views, the loop over layers).
 
 The wrappers cost about a microsecond a call, booked to the part they wrap. For a
 profile of the same run by sampling instead, run it under py-spy:
@@ -95,9 +96,11 @@ def instrument(model: torch.nn.Module, timer: PartTimer) -> None:
             module.silu_and_mul = timer.wrap("silu_and_mul", module.silu_and_mul)
         elif isinstance(module, PagedAttention):
             ops = module.ops
+            fused = ops.rotary_cache_decode
             module.ops = replace(
                 ops, reshape_and_cache=timer.wrap("cache_write", ops.reshape_and_cache),
-                paged_attention_decode=timer.wrap("attention", ops.paged_attention_decode))
+                paged_attention_decode=timer.wrap("attention", ops.paged_attention_decode),
+                rotary_cache_decode=None if fused is None else timer.wrap("attention", fused))
         if hasattr(module, "rotary_"):
             module.rotary_ = timer.wrap("rope", module.rotary_)
 

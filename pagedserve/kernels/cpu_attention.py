@@ -44,6 +44,21 @@ _ARGTYPES = ([ctypes.c_void_p] * 6 + [ctypes.c_int64] * 5
 PARTS_PER_THREAD = 1
 
 
+# A float32 model's decode step from its fused QKV rows, by cache dtype (``rotary_cache_decode``).
+_FUSED = {torch.float32: "rope_cache_decode_f32", torch.bfloat16: "rope_cache_decode_f32_bf16kv",
+          torch.float16: "rope_cache_decode_f32_f16kv"}
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_FUSED_ARGTYPES = ([_P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P] + [_I] * 5
+                   + [ctypes.c_float, _P, _I, _I, _I])
+
+
+@functools.cache
+def _fused_kernel(cache_dtype: torch.dtype):
+    function = getattr(load_library("paged_decode"), _FUSED[cache_dtype])
+    function.argtypes, function.restype = _FUSED_ARGTYPES, ctypes.c_int
+    return function
+
+
 @functools.cache
 def _kernel(dtypes: tuple[torch.dtype, torch.dtype]):
     function = getattr(load_library("paged_decode"), _FUNCTIONS[dtypes])
@@ -145,6 +160,80 @@ def paged_attention_decode(
 
 # The shapes last checked by attention.check_decode, which every layer of a step would repeat.
 _checked_shapes: list[tuple[torch.Size, ...] | None] = [None]
+
+
+def rotary_cache_decode(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """A decode-only step's rotary embedding, KV write and attention from its fused QKV rows
+    in one call: ``rotary_(qkv, num_heads + num_kv_heads, cos, sin)``, then
+    ``reshape_and_cache`` of its K and V heads into ``slot_mapping``, then
+    ``paged_attention_decode`` of its query heads; returns out [S, H, D]. A float32 model
+    over a float32, bfloat16 or float16 cache runs in C (each thread's part rotates, writes
+    and attends its own heads); anything else runs those three ops."""
+    num_seqs, width = qkv.shape[0], qkv.shape[-1]
+    head_dim = key_cache.shape[-1]
+    if not (qkv.is_cpu and qkv.dtype is torch.float32 and key_cache.dtype in _FUSED
+            and qkv.dim() == 2 and qkv.stride(1) == 1 and cos.dtype is torch.float32
+            and cos.is_contiguous() and sin.is_contiguous()
+            and slot_mapping.dtype is torch.int64 and slot_mapping.is_contiguous()
+            and width >= (num_heads + 2 * num_kv_heads) * head_dim
+            and cos.shape == (num_seqs, head_dim // 2) and slot_mapping.shape == (num_seqs,)):
+        return _composed_decode(qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache,
+                                slot_mapping, block_tables, seq_lens, scale)
+    query = qkv[:, : num_heads * head_dim].view(num_seqs, num_heads, head_dim)
+    shapes = (query.shape, key_cache.shape, value_cache.shape, block_tables.shape,
+              seq_lens.shape)
+    if shapes != _checked_shapes[0] or not (key_cache.is_cpu and value_cache.is_cpu
+                                            and block_tables.is_cpu and seq_lens.is_cpu):
+        attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
+        _checked_shapes[0] = shapes
+    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+        raise ValueError("the KV caches must be contiguous [N, B, Hkv, D] tensors")
+    _, block_size, _, _ = key_cache.shape
+    threads = torch.get_num_threads()
+    layout = _step_layout(block_tables, seq_lens, block_size, num_kv_heads, threads)
+    out = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
+    tables, parts = layout.tables, layout.parts
+    num_slots = key_cache.shape[0] * block_size
+    failed = _fused_kernel(key_cache.dtype)(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
+        num_slots, key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
+        layout.lens.data_ptr(), out.data_ptr(), num_heads, num_kv_heads, head_dim, block_size,
+        tables.shape[1], scale, parts.data_ptr(), parts.shape[0], threads, num_seqs)
+    if failed == 2:
+        bad = int(torch.nonzero(slot_mapping >= num_slots)[0])
+        raise IndexError(f"slot_mapping[{bad}] = {int(slot_mapping[bad])} is out of range for "
+                         f"a cache of {num_slots} slots")
+    if failed:
+        raise MemoryError("paged decode attention could not allocate its score buffer")
+    return out
+
+
+def _composed_decode(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, cos: torch.Tensor,
+                     sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    from pagedserve.kernels import cpu_cache_ops, cpu_layer_ops
+
+    head_dim = key_cache.shape[-1]
+    cpu_layer_ops.rotary_(qkv, num_heads + num_kv_heads, cos, sin)
+    q, k, v = qkv[:, : (num_heads + 2 * num_kv_heads) * head_dim].split(
+        [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    q = q.view(-1, num_heads, head_dim)
+    k, v = k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)
+    cpu_cache_ops.reshape_and_cache(k, v, key_cache, value_cache, slot_mapping)
+    return paged_attention_decode(q, key_cache, value_cache, block_tables, seq_lens, scale)
 
 
 def paged_attention_prefill(

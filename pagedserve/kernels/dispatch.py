@@ -62,6 +62,11 @@ class KernelOps:
     # (logits [N, V], top_k [N] | None, top_p [N] | None) -> truncated logits, or None where
     # the sampler's own sort must run: top-k / top-p without a sort, for a backend that has it.
     top_k_top_p: Callable[..., torch.Tensor | None] | None = None
+    # (qkv [S, (H + 2 Hkv) D], num_heads, num_kv_heads, cos, sin, key_cache, value_cache,
+    # slot_mapping, block_tables, seq_lens, scale) -> out [S, H, D]: a decode-only step's
+    # rotary_, reshape_and_cache and paged_attention_decode in one call, for a backend that
+    # has it; the model runs the three otherwise.
+    rotary_cache_decode: Callable[..., torch.Tensor] | None = None
     # Whether attention reads a KV cache kept in another dtype than the query's
     # (--kv-cache-dtype bfloat16 under a float32 model).
     reads_other_cache_dtypes: bool = False
@@ -159,6 +164,7 @@ def _cpu_ops() -> KernelOps:
                    rms_norm=cpu_layer_ops.rms_norm, add_rms_norm_=cpu_layer_ops.add_rms_norm_,
                    silu_and_mul=cpu_layer_ops.silu_and_mul,
                    rotary_=cpu_layer_ops.rotary_,
+                   rotary_cache_decode=cpu_attention.rotary_cache_decode,
                    exponential_race=cpu_sampling.exponential_race,
                    argmax=cpu_sampling.argmax, top_k_top_p=cpu_sampling.top_k_top_p,
                    float32_model_cache_dtype=torch.float16)

@@ -102,3 +102,29 @@ def test_the_flag_is_an_engine_argument():
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, float32, "
                                          "bfloat16, float16, got 'fp8'"):
         EngineArgs(kv_cache_dtype="fp8")
+
+
+@pytest.mark.skipif(native_build.c_compiler() is None, reason="needs a C compiler")
+@pytest.mark.parametrize("cache_dtype", ["float32", "float16"])
+def test_a_decode_step_in_one_call_decodes_as_the_three_ops_do(model_dir, cache_dtype):
+    from pagedserve.server.models.attention import PagedAttention
+
+    generator = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=generator).tolist() for n in (5, 30)]
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=1)
+    outputs = []
+    for fused in (True, False):
+        llm = _llm(model_dir, "cpu", cache_dtype)
+        layers = [m for m in llm.engine.model.modules() if isinstance(m, PagedAttention)]
+        assert layers and all(m.ops.rotary_cache_decode is not None for m in layers)
+        if not fused:
+            for module in layers:
+                module.ops = replace(module.ops, rotary_cache_decode=None)
+        outputs.append([r.outputs[0] for r in llm.generate(requests, params)])
+    for one_call, three_ops in zip(*outputs, strict=True):
+        assert one_call.token_ids == three_ops.token_ids
+        assert [p[t].logprob for p, t in zip(one_call.logprobs, one_call.token_ids,
+                                             strict=True)] == \
+               [p[t].logprob for p, t in zip(three_ops.logprobs, three_ops.token_ids,
+                                             strict=True)]

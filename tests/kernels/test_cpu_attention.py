@@ -177,3 +177,75 @@ def test_a_compiler_failure_carries_its_output(tmp_path, monkeypatch):
 
 def test_warm_up_builds_the_kernel():
     assert cpu_attention.warm_up(8, 2, 64, 16, torch.float32) >= 0
+
+
+def _fused_inputs(seq_lens, num_heads, num_kv_heads, cache_dtype):
+    head_dim, block_size = 64, 16
+    kv = cpu_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, cache_dtype)
+    gen = torch.Generator().manual_seed(4)
+    num_seqs = len(seq_lens)
+    # A fused projection's rows, wider than the three parts (as a bias-free layer may pad).
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = torch.randn(num_seqs, width + 8, generator=gen)[:, :width]
+    angles = torch.rand(num_seqs, head_dim // 2, generator=gen) * 6.0
+    cos, sin = angles.cos(), angles.sin()
+    # Each sequence's new token at its last position, as the runner maps it.
+    last = kv.seq_lens.long() - 1
+    slots = kv.block_tables.long().gather(1, (last // block_size)[:, None])[:, 0] * block_size
+    return qkv, cos, sin, kv, slots + last % block_size
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("seq_lens,num_heads,num_kv_heads", [
+    ([40], 8, 2), ([3, 300, 17, 1], 8, 8), ([33, 5], 6, 3)])
+def test_the_fused_decode_step_is_rotary_then_cache_write_then_attention(
+        cache_dtype, threads, seq_lens, num_heads, num_kv_heads):
+    from pagedserve.kernels import cpu_cache_ops, cpu_layer_ops
+
+    qkv, cos, sin, kv, slots = _fused_inputs(seq_lens, num_heads, num_kv_heads, cache_dtype)
+    composed_qkv, composed_k, composed_v = qkv.clone(), kv.key_cache.clone(), kv.value_cache.clone()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = cpu_attention.rotary_cache_decode(qkv, num_heads, num_kv_heads, cos, sin,
+                                                kv.key_cache, kv.value_cache, slots,
+                                                kv.block_tables, kv.seq_lens, SCALE)
+        cpu_layer_ops.rotary_(composed_qkv, num_heads + num_kv_heads, cos, sin)
+        q, k, v = composed_qkv.split([num_heads * 64, num_kv_heads * 64, num_kv_heads * 64],
+                                     dim=-1)
+        cpu_cache_ops.reshape_and_cache(k.view(-1, num_kv_heads, 64),
+                                        v.view(-1, num_kv_heads, 64), composed_k, composed_v,
+                                        slots)
+        expected = cpu_attention.paged_attention_decode(
+            q.view(-1, num_heads, 64), composed_k, composed_v, kv.block_tables, kv.seq_lens,
+            SCALE)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(qkv, composed_qkv)  # q and k rotated in place, v as it was
+    # Unwritten slots hold NaN (cpu_paged_kv): equal, NaN for NaN.
+    torch.testing.assert_close(kv.key_cache, composed_k, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(kv.value_cache, composed_v, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(out, expected)
+
+
+def test_the_fused_decode_step_skips_padding_and_refuses_a_slot_past_the_cache():
+    qkv, cos, sin, kv, slots = _fused_inputs([20, 9, 40], 8, 2, torch.float32)
+    rows = kv.key_cache.view(-1, 2, 64)  # one row per slot
+    rows[slots] = float("nan")
+    padded = slots.clone()
+    padded[1] = -1
+    cpu_attention.rotary_cache_decode(qkv.clone(), 8, 2, cos, sin, kv.key_cache,
+                                      kv.value_cache, padded, kv.block_tables, kv.seq_lens,
+                                      SCALE)
+    assert not rows[slots[0]].isnan().any() and not rows[slots[2]].isnan().any()
+    assert rows[slots[1]].isnan().all()  # the padded row's slot is left alone
+    num_slots = kv.key_cache.shape[0] * 16
+    padded[2] = num_slots
+    before = kv.key_cache.clone()
+    with pytest.raises(IndexError, match=rf"slot_mapping\[2\] = {num_slots} is out of range "
+                                         rf"for a cache of {num_slots} slots"):
+        cpu_attention.rotary_cache_decode(qkv.clone(), 8, 2, cos, sin, kv.key_cache,
+                                          kv.value_cache, padded, kv.block_tables, kv.seq_lens,
+                                          SCALE)
+    torch.testing.assert_close(kv.key_cache, before, rtol=0, atol=0, equal_nan=True)

@@ -42,10 +42,6 @@ SAME_DTYPE_WRITE(cache_write_f32, float)
 SAME_DTYPE_WRITE(cache_write_bf16, bf16)
 
 /* A float32 model over a 16-bit KV cache (--kv-cache-dtype bfloat16 / float16). */
-static inline void narrow_bf16(const float *restrict in, bf16 *restrict out, int64_t n) {
-    for (int64_t i = 0; i < n; i++) out[i] = to_bf16(in[i]);
-}
-
 #define NARROWING_WRITE(NAME, T, NARROW)                                                       \
     static inline void NAME##_row(const float *k, const float *v, T *kc, T *vc, int64_t slot,  \
                                   int64_t width) {                                             \

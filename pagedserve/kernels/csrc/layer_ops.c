@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "parallel_rows.h"
+#include "rotary_row.h"
 #include "vec_math.h"
 
 /* out = weight * (x * rsqrt(mean(x^2) + eps)) for one row. */
@@ -118,20 +119,6 @@ void silu_and_mul_f32(const float *x, float *out, int64_t d, int64_t rows, int64
 
 void silu_and_mul_bf16(const bf16 *x, bf16 *out, int64_t d, int64_t rows, int64_t threads) {
     FOR_ROWS(r, rows, threads, silu_and_mul_row_bf16(x + r * 2 * d, out + r * d, d));
-}
-
-/* Rotates, in place, the first `heads` head vectors of a row (head size 2 * half) by cos/sin
- * [half] (float32): (x1, x2) -> (x1 c - x2 s, x2 c + x1 s). */
-static inline void rotary_row_f32(float *xr, int64_t heads, int64_t half, const float *c,
-                                  const float *s) {
-    for (int64_t h = 0; h < heads; h++) {
-        float *x1 = xr + h * 2 * half, *x2 = x1 + half;
-        for (int64_t i = 0; i < half; i++) {
-            const float a = x1[i], b = x2[i];
-            x1[i] = a * c[i] - b * s[i];
-            x2[i] = b * c[i] + a * s[i];
-        }
-    }
 }
 
 /* As the torch reference in bfloat16: cos/sin rounded to bfloat16, every product and sum

@@ -14,13 +14,19 @@
  * [S]; parts int64 [P, 4] (first sequence, end sequence, first KV head, end KV head).
  * float32 or bfloat16 throughout, or a float32 query and out over bfloat16 or float16 caches
  * (a float32 model with a half-size KV cache); math in float32.
- * Returns 0, or 1 when the scratch memory could not be allocated.
+ *
+ * A float32 model's decode step may hand over its fused QKV rows instead (rope_cache_decode_*):
+ * each part first rotates its query and key heads in place (rotary_row.h), writes its K and V
+ * heads into the sequence's slot, then attends, so that the three ops of a layer are one call.
+ * Returns 0, 1 when the scratch memory could not be allocated, or 2 (nothing written) when a
+ * slot lies past the cache.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "rotary_row.h"
 #include "vec_math.h"
 
 static inline float load_f32(const float *p, int64_t i) { return p[i]; }
@@ -162,16 +168,48 @@ static inline __attribute__((always_inline)) void NAME(                         
     for (int64_t i = 0; i < H * D; i++) STORE(out, i, acc[i]);                                 \
 }
 
+/* A fused decode step's own inputs: the QKV rows, the rotary tables and each row's slot. */
+typedef struct {
+    float *qkv;
+    int64_t qkv_stride;
+    const float *cos_t, *sin_t; /* [S, D / 2] */
+    const int64_t *slots;       /* [S]; a negative slot is padding */
+} Fused;
+
+#define COPY_F32(in, out, n) memcpy((out), (in), sizeof(float) * (size_t)(n))
+
+/* Rotates sequence seq's query heads of KV heads [kv0, kv1) and those key heads, then writes
+ * its K and V heads [kv0, kv1) into its slot, narrowed to the cache's type. */
+#define DEFINE_PREP(NAME, TC, WRITE)                                                          \
+static inline void NAME(const Fused *f, int64_t seq, int64_t kv0, int64_t kv1, int64_t H,      \
+                        int64_t Hkv, int64_t D, TC *key_cache, TC *value_cache) {             \
+    float *row = f->qkv + seq * f->qkv_stride;                                                 \
+    const int64_t G = H / Hkv, half = D / 2;                                                   \
+    const float *c = f->cos_t + seq * half, *s = f->sin_t + seq * half;                        \
+    rotary_row_f32(row + kv0 * G * D, (kv1 - kv0) * G, half, c, s);                            \
+    rotary_row_f32(row + (H + kv0) * D, kv1 - kv0, half, c, s);                                \
+    if (f->slots[seq] < 0) return;                                                             \
+    const int64_t at = f->slots[seq] * Hkv * D + kv0 * D, n = (kv1 - kv0) * D;                \
+    WRITE(row + (H + kv0) * D, key_cache + at, n);                                             \
+    WRITE(row + (H + Hkv + kv0) * D, value_cache + at, n);                                     \
+}
+
+DEFINE_PREP(prep_f32, float, COPY_F32)
+DEFINE_PREP(prep_bf16kv, bf16, narrow_bf16)
+DEFINE_PREP(prep_f16kv, f16, narrow_f16)
+#define NO_PREP(...) ((void)0)
+
 #define CALL_ITEM(ITEM, DIM)                                                                  \
-    ITEM(query + head, key_cache, value_cache, table, lens[seq], out + head, kv0, kv1,         \
+    ITEM(q_row, key_cache, value_cache, table, lens[seq], out + head, kv0, kv1,                \
          num_kv_heads, G, DIM, block_size, scale, scores, max_len, q, acc, &visit)
 
-/* Sequences [seq0, seq1), KV heads [kv0, kv1) of each. */
-#define DEFINE_PART(NAME, ITEM, TQ, TC)                                                       \
-static int NAME(const TQ *query, const TC *key_cache, const TC *value_cache,                   \
+/* Sequences [seq0, seq1), KV heads [kv0, kv1) of each; with `fused`, the query is the
+ * rotated part of each sequence's QKV row (PREP rotates it and writes K and V first). */
+#define DEFINE_PART(NAME, ITEM, TQ, TC, PREP)                                                 \
+static int NAME(const TQ *query, TC *key_cache, TC *value_cache,                               \
                 const int32_t *tables, const int32_t *lens, TQ *out, int64_t num_heads,        \
                 int64_t num_kv_heads, int64_t head_dim, int64_t block_size,                    \
-                int64_t table_width, float scale, const int64_t *part) {                       \
+                int64_t table_width, float scale, const int64_t *part, const Fused *fused) {   \
     const int64_t seq0 = part[0], seq1 = part[1], kv0 = part[2], kv1 = part[3];                \
     const int64_t G = num_heads / num_kv_heads, D = head_dim, H = (kv1 - kv0) * G;             \
     int64_t max_len = 1;                                                                       \
@@ -183,6 +221,11 @@ static int NAME(const TQ *query, const TC *key_cache, const TC *value_cache,    
     const int64_t row_bytes = num_kv_heads * D * (int64_t)sizeof(TC);                          \
     for (int64_t seq = seq0; seq < seq1; seq++) {                                              \
         const int64_t head = (seq * num_heads + kv0 * G) * D;                                  \
+        const TQ *q_row = query + head;                                                        \
+        if (fused != NULL) {                                                                   \
+            PREP(fused, seq, kv0, kv1, num_heads, num_kv_heads, D, key_cache, value_cache);    \
+            q_row = (const TQ *)(fused->qkv + seq * fused->qkv_stride) + kv0 * G * D;          \
+        }                                                                                      \
         const int32_t *table = tables + seq * table_width;                                     \
         const Visit visit = {                                                                  \
             (const char *)key_cache, (const char *)value_cache, table,                         \
@@ -218,27 +261,63 @@ DEFINE_ITEM(item_f32_f16kv, float, f16, load_f32, dot_f16, axpy_f16, store_f32)
  * ones already running, so the kernel neither oversubscribes the cores nor waits for threads
  * that spin in torch's pool). Parts are taken as threads come free; one part runs on the
  * calling thread alone, without entering the pool. */
-#define DEFINE_DECODE(NAME, PART, TQ, TC)                                                     \
-int NAME(const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *tables,   \
-         const int32_t *lens, TQ *out, int64_t num_heads, int64_t num_kv_heads,                \
-         int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
-         const int64_t *parts, int64_t num_parts, int64_t threads) {                           \
+#define DEFINE_RUN(NAME, PART, TQ, TC)                                                        \
+static int NAME(const TQ *query, TC *key_cache, TC *value_cache, const int32_t *tables,        \
+                const int32_t *lens, TQ *out, int64_t num_heads, int64_t num_kv_heads,         \
+                int64_t head_dim, int64_t block_size, int64_t table_width, float scale,        \
+                const int64_t *parts, int64_t num_parts, int64_t threads,                      \
+                const Fused *fused) {                                                          \
     if (num_parts == 1)                                                                        \
         return PART(query, key_cache, value_cache, tables, lens, out, num_heads, num_kv_heads, \
-                    head_dim, block_size, table_width, scale, parts);                          \
+                    head_dim, block_size, table_width, scale, parts, fused);                   \
     int failed = 0;                                                                            \
     _Pragma("omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(|: failed)") \
     for (int64_t p = 0; p < num_parts; p++)                                                    \
         failed |= PART(query, key_cache, value_cache, tables, lens, out, num_heads,            \
-                       num_kv_heads, head_dim, block_size, table_width, scale, parts + 4 * p); \
+                       num_kv_heads, head_dim, block_size, table_width, scale, parts + 4 * p,  \
+                       fused);                                                                 \
     return failed;                                                                             \
 }
 
-DEFINE_PART(part_f32, item_f32, float, float)
-DEFINE_PART(part_bf16, item_bf16, bf16, bf16)
-DEFINE_PART(part_f32_bf16kv, item_f32_bf16kv, float, bf16)
-DEFINE_PART(part_f32_f16kv, item_f32_f16kv, float, f16)
-DEFINE_DECODE(paged_decode_f32, part_f32, float, float)
-DEFINE_DECODE(paged_decode_bf16, part_bf16, bf16, bf16)
-DEFINE_DECODE(paged_decode_f32_bf16kv, part_f32_bf16kv, float, bf16)
-DEFINE_DECODE(paged_decode_f32_f16kv, part_f32_f16kv, float, f16)
+#define DEFINE_DECODE(NAME, RUN, TQ, TC)                                                      \
+int NAME(const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *tables,   \
+         const int32_t *lens, TQ *out, int64_t num_heads, int64_t num_kv_heads,                \
+         int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
+         const int64_t *parts, int64_t num_parts, int64_t threads) {                           \
+    return RUN(query, (TC *)key_cache, (TC *)value_cache, tables, lens, out, num_heads,        \
+               num_kv_heads, head_dim, block_size, table_width, scale, parts, num_parts,       \
+               threads, NULL);                                                                 \
+}
+
+/* A float32 model's decode step from its fused QKV rows [S, >= (H + 2 Hkv) D] (row stride
+ * qkv_stride): rotary embedding of the query and key heads (in place), the K and V rows
+ * written into slots [S] of caches of num_slots slots, then attention into out [S, H, D]. */
+#define DEFINE_FUSED(NAME, RUN, TC)                                                           \
+int NAME(float *qkv, int64_t qkv_stride, const float *cos_t, const float *sin_t,               \
+         const int64_t *slots, int64_t num_slots, TC *key_cache, TC *value_cache,              \
+         const int32_t *tables, const int32_t *lens, float *out, int64_t num_heads,            \
+         int64_t num_kv_heads, int64_t head_dim, int64_t block_size, int64_t table_width,      \
+         float scale, const int64_t *parts, int64_t num_parts, int64_t threads,                \
+         int64_t num_seqs) {                                                                   \
+    for (int64_t s = 0; s < num_seqs; s++)                                                     \
+        if (slots[s] >= num_slots) return 2;                                                   \
+    const Fused fused = {qkv, qkv_stride, cos_t, sin_t, slots};                                \
+    return RUN(NULL, key_cache, value_cache, tables, lens, out, num_heads, num_kv_heads,       \
+               head_dim, block_size, table_width, scale, parts, num_parts, threads, &fused);   \
+}
+
+DEFINE_PART(part_f32, item_f32, float, float, prep_f32)
+DEFINE_PART(part_bf16, item_bf16, bf16, bf16, NO_PREP)
+DEFINE_PART(part_f32_bf16kv, item_f32_bf16kv, float, bf16, prep_bf16kv)
+DEFINE_PART(part_f32_f16kv, item_f32_f16kv, float, f16, prep_f16kv)
+DEFINE_RUN(run_f32, part_f32, float, float)
+DEFINE_RUN(run_bf16, part_bf16, bf16, bf16)
+DEFINE_RUN(run_f32_bf16kv, part_f32_bf16kv, float, bf16)
+DEFINE_RUN(run_f32_f16kv, part_f32_f16kv, float, f16)
+DEFINE_DECODE(paged_decode_f32, run_f32, float, float)
+DEFINE_DECODE(paged_decode_bf16, run_bf16, bf16, bf16)
+DEFINE_DECODE(paged_decode_f32_bf16kv, run_f32_bf16kv, float, bf16)
+DEFINE_DECODE(paged_decode_f32_f16kv, run_f32_f16kv, float, f16)
+DEFINE_FUSED(rope_cache_decode_f32, run_f32, float)
+DEFINE_FUSED(rope_cache_decode_f32_bf16kv, run_f32_bf16kv, bf16)
+DEFINE_FUSED(rope_cache_decode_f32_f16kv, run_f32_f16kv, f16)

@@ -67,6 +67,10 @@ static inline f16 to_f16(float v) {
     return (f16)(out | (sign >> 16));
 }
 
+static inline void narrow_bf16(const float *restrict in, bf16 *restrict out, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = to_bf16(in[i]);
+}
+
 /* A run of n halves widened, or n floats narrowed, with the processor's conversion
  * instructions where it has them (AVX-512: 16 a instruction, F16C: 8; both exact and rounding
  * to nearest even, as above, which the rest of each run uses). */

@@ -78,6 +78,25 @@ class PagedAttention(nn.Module):
         )
 
 
+    def decode_from_qkv(
+        self,
+        qkv: torch.Tensor,  # [T, (H + 2 Hkv) D], q and k not yet rotated
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: AttentionMetadata,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor | None:  # [T, H, D]
+        """A decode-only step's rotary embedding, KV write and attention as one call of the
+        backend (``KernelOps.rotary_cache_decode``); None where it has none, or for a step
+        with prompt tokens: the caller then runs them one by one."""
+        fused = self.ops.rotary_cache_decode
+        if fused is None or not attn.is_decode_only:
+            return None
+        key_cache, value_cache = kv_cache
+        return fused(qkv, self.num_heads, self.num_kv_heads, cos, sin, key_cache, value_cache,
+                     attn.slot_mapping, attn.block_tables, attn.seq_lens, self.scale)
+
+
 def warm_up_attention(model: nn.Module, block_size: int, dtype: torch.dtype) -> float:
     """Compiles the attention kernels of a compiling backend (``KernelOps.warm_up``) for each
     distinct layer shape now, so that the first request does not wait; returns the seconds

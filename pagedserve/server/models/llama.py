@@ -74,12 +74,14 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)  # [T, (H + 2 Hkv) D]
         if self.qk_norm:
             self._norm_heads_(qkv)
-        self.rotary_(qkv, self.num_heads + self.num_kv_heads, cos, sin)  # q and k, in place
-        q, k, v = qkv.split(self.sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
-        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = self.attn(q, k, v, attn, kv_cache)  # [T, H, D]
+        out = self.attn.decode_from_qkv(qkv, cos, sin, attn, kv_cache)  # [T, H, D] or None
+        if out is None:
+            self.rotary_(qkv, self.num_heads + self.num_kv_heads, cos, sin)  # q, k in place
+            q, k, v = qkv.split(self.sizes, dim=-1)
+            q = q.view(-1, self.num_heads, self.head_dim)  # [T, H, D]
+            k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+            v = v.view(-1, self.num_kv_heads, self.head_dim)
+            out = self.attn(q, k, v, attn, kv_cache)
         return self.o_proj(out.reshape(out.shape[0], -1))
 
 
