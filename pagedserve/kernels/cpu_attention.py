@@ -14,9 +14,10 @@ every thread reads its share of the context. The parts run on torch's OpenMP thr
 (``cpu_parallel.py``); ctypes releases the GIL for the call. The int32 tables and lengths and
 the cuts are derived once per step and reused by every layer while the tables and lengths
 they came from are unchanged. float32 and bfloat16 run here, and a float32 query over a
-bfloat16 or float16 cache (each row widened once for the query heads that share it); other
-dtypes take the compiled kernel. Prefill rows keep the reference path; decode rows of a
-mixed step come here.
+bfloat16 or float16 cache (each row widened to float32 as it is read); other dtypes take the
+compiled kernel. Prefill rows keep the reference path; decode rows of a mixed step come here.
+``rotary_cache_decode`` takes a float32 model's decode step from its QKV rows: rotary
+embedding, KV write and attention in the one call.
 """
 
 from __future__ import annotations
