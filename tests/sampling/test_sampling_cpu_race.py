@@ -26,6 +26,18 @@ def test_frequencies_follow_the_probabilities():
     assert frequencies[4] == 0  # a zero probability never wins
 
 
+def test_a_zero_probability_never_wins_over_a_wide_vocabulary():
+    """335M noise words, about 20 times the 2^24 words of a 24-bit uniform: every word a
+    uniform can take occurs, the largest included, whose exponential must stay above 0 (a
+    draw of 0 turns a masked token's 0/0 into a NaN that wins the argmax)."""
+    probs = torch.zeros(256, 65536)
+    probs[:, 7] = 0.75
+    probs[:, 40000] = 0.25
+    for seed in range(20):
+        draws = cpu_sampling.exponential_race(probs, seed)
+        assert ((draws == 7) | (draws == 40000)).all(), draws[(draws != 7) & (draws != 40000)]
+
+
 def test_equal_probabilities_over_a_wide_row_favour_no_token():
     """51,200 draws from 256 equal probabilities: the counts pass a chi-square test (255
     degrees of freedom: mean 255, standard deviation 22.6; the bound is five of them above)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 
 from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.common.sampling_params import SamplingParams
@@ -110,3 +111,25 @@ def test_free_and_constrained_requests_share_steps_unchanged(llm: LLM) -> None:
              for p, s in zip(prompts, (free, constrained), strict=True)]
     together = [r.outputs[0].token_ids for r in llm.generate(prompts, [free, constrained])]
     assert together == alone
+
+
+def test_min_tokens_past_a_complete_output_ends_it_with_stop(llm: LLM) -> None:
+    """The grammar allows only the end token once "yes" is written; min_tokens bans it, so
+    the mask leaves nothing. The output is whole: "stop"."""
+    (result,) = llm.generate(["Hello"], SamplingParams(
+        temperature=1.0, min_tokens=8, max_tokens=20, structured_outputs=Spec(choice=["yes"])))
+    output = result.outputs[0]
+    assert (output.text, output.finish_reason) == ("yes", "stop")
+
+
+def test_a_token_outside_the_grammar_ends_the_output_with_error(
+        llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampler that broke the mask must not pass a cut output off as "stop"."""
+    sampler = llm.engine.sampler.sampler
+    digit = llm.get_tokenizer().encode("7", add_special_tokens=False)[0]
+    monkeypatch.setattr(sampler, "_sample",
+                        lambda processed, metadata: torch.full((metadata.num_rows,), digit))
+    (result,) = llm.generate(["Hello"], SamplingParams(
+        temperature=1.0, max_tokens=20, structured_outputs=Spec(json=PERSON)))
+    output = result.outputs[0]
+    assert (output.token_ids, output.finish_reason) == ([], "error")

@@ -25,12 +25,15 @@ static inline uint32_t mix32(uint32_t x) {
     return x ^ (x >> 16);
 }
 
-/* U in (0, 1): the top 24 bits of the hash of the row's Weyl sequence at i, offset by half a
+/* U in (0, 1): the top 23 bits of the hash of the row's Weyl sequence at i, offset by half a
  * step so that neither 0 nor 1 occurs (E is then finite and positive: a zero probability can
- * never win). Distinct tokens of a row get distinct words. */
+ * never win). 23 bits, not 24: k + 0.5 must be exact in a float's 24-bit significand, and
+ * with k up to 2^24 - 1 the top word rounded to 2^24, U to 1 and E to 0, so that token won
+ * the race whatever its probability (0/0 is NaN, which the argmax prefers). Distinct tokens
+ * of a row get distinct words. */
 static inline float uniform_open(uint32_t key, int64_t i) {
     const uint32_t h = mix32(key + 0x9E3779B9u * (uint32_t)(i + 1));
-    return ((float)(h >> 8) + 0.5f) * 5.9604644775390625e-8f;
+    return ((float)(h >> 9) + 0.5f) * 1.1920928955078125e-7f;
 }
 
 static void race_row(const float *probs, int64_t vocab, uint32_t key, float *scores,

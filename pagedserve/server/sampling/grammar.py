@@ -164,6 +164,11 @@ class GrammarState:
         """The grammar ended (its stop token was accepted): nothing may follow."""
         return self._matcher.is_terminated()
 
+    @property
+    def is_completed(self) -> bool:
+        """The tokens so far form a whole string of the grammar (it may end here)."""
+        return self._matcher.is_completed()
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         self._matcher.fill_next_token_bitmask(bitmask, row)
 

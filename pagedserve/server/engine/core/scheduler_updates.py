@@ -12,6 +12,7 @@ changes a sequence, a request or a block.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from pagedserve.server.engine.core.beam_search import BeamContinuation
     from pagedserve.server.engine.core.scheduler import Scheduler
     from pagedserve.server.engine.core.scheduler_output import BeamStep, SampledBatch, SampledToken
+
+logger = logging.getLogger(__name__)
 
 RUNNING = SequenceStatus.RUNNING
 _STATUS_BY_REASON = {
@@ -83,10 +86,7 @@ class StepUpdater:
                 update: StepUpdate) -> None:
         group = token.draw.group
         if seq.grammar is not None and not seq.grammar.accept(token.token_id):
-            # Only a mask that left no token (min_tokens holding back the only stop the
-            # grammar allows) samples outside it; the output so far is all there is.
-            update.touch(group)
-            self._scheduler.finish_seq(seq, SequenceStatus.FINISHED_STOPPED)
+            self._reject(seq, group, token.token_id, update)
             return
         seq.append_token(token.token_id, token.logprob)
         _mark_token(group, now, update)
@@ -102,6 +102,20 @@ class StepUpdater:
         if reason is not None and not seq.status.is_finished:
             seq.stop_reason = stop_reason
             self._scheduler.finish_seq(seq, _STATUS_BY_REASON[reason])
+
+    def _reject(self, seq: Sequence, group: SequenceGroup, token_id: int,
+                update: StepUpdate) -> None:
+        """End a sequence whose sampled token its grammar forbids. A mask that left no token
+        (min_tokens holding back the only stop a complete output allows) ends a complete
+        output: "stop". Anything else is a fault of the sampler: the output is cut short, and
+        "stop" would pass it off as valid, so it ends with "error"."""
+        update.touch(group)
+        if seq.grammar.is_completed:
+            self._scheduler.finish_seq(seq, SequenceStatus.FINISHED_STOPPED)
+            return
+        logger.error("request %s sampled token %d, which its grammar forbids after %d tokens",
+                     group.request_id, token_id, seq.num_output_tokens)
+        self._scheduler.finish_seq(seq, SequenceStatus.FINISHED_ERROR)
 
     def _step_beams(self, beam_step: BeamStep, now: float, update: StepUpdate) -> None:
         group, beams, state = beam_step.group, beam_step.beams, beam_step.group.beam
