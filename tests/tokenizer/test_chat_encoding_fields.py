@@ -70,16 +70,15 @@ def call(arguments: object) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("arguments", [
-    {"q": CHATML_FORGERY},  # as the API passes them to templates: an object
-    json.dumps({"q": CHATML_FORGERY}),  # OpenAI's JSON text, as a library caller may
+    {"q": CHATML_FORGERY},  # an object
+    json.dumps({"q": CHATML_FORGERY}),  # OpenAI's JSON text, which templates get as an object
 ])
 def test_markers_in_tool_call_arguments_stay_text(
         tools_tokenizer: Tokenizer, tools_dir: Path,
         auto_tokenizer_for: Callable[[Path], Any], arguments: object) -> None:
     chat = [{"role": "user", "content": "find it"}, call(arguments)]
     text, ids = tools_tokenizer.encode_chat(chat)
-    written = json.dumps(arguments)[1:-1] if isinstance(arguments, str) else json.dumps(
-        CHATML_FORGERY)[1:-1]
+    written = json.dumps(CHATML_FORGERY)[1:-1]
     assert written in text and "<|im_end|>" in written
     assert ids == expected(auto_tokenizer_for, tools_dir, text, written)
     # Two real turns and the generation prompt: nothing forged among the special ids.

@@ -104,16 +104,19 @@ def test_model_without_template_uses_the_default(tmp_path: Path) -> None:
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_text_parts_are_joined_and_null_keys_dropped() -> None:
+def test_text_parts_are_joined_null_content_is_empty_and_null_keys_dropped() -> None:
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "one"},
                                      {"type": "text", "text": "two"}], "name": None},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function",
+             "function": {"name": "f", "arguments": '{"x": 1}'}}]},
     ]
     template = "{% for m in messages %}{{ m | tojson }};{% endfor %}"
     assert render_chat_template(template, messages) == (
         '{"role": "user", "content": "one\\ntwo"};'
-        '{"role": "assistant", "tool_calls": [{"id": "c1"}]};'
+        '{"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", '
+        '"function": {"name": "f", "arguments": {"x": 1}}}]};'
     )
 
 
@@ -130,7 +133,17 @@ def test_text_parts_are_joined_and_null_keys_dropped() -> None:
          "got 'robot'"),
         ([{"role": "user"}], "messages[0] is missing 'content'"),
         ([{"role": "user", "content": None}], "messages[0] is missing 'content'"),
-        ([{"role": "assistant", "tool_calls": []}], "messages[0] is missing 'content'"),
+        ([{"role": "tool", "tool_call_id": "c1"}], "messages[0] is missing 'content'"),
+        ([{"role": "user", "content": "a", "tool_calls": []}],
+         "messages[0].tool_calls is for assistant messages, got role 'user'"),
+        ([{"role": "assistant", "tool_calls": {"id": "c1"}}],
+         "messages[0].tool_calls must be a list, got dict"),
+        ([{"role": "assistant", "tool_calls": [{"id": "c1"}]}],
+         "messages[0].tool_calls[0].function must be an object with a name and arguments"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
+         "messages[0].tool_calls[0].function.name must be a non-empty string, got None"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}],
+         "messages[0].tool_calls[0].function.arguments must be a JSON object's text, got int"),
         ([{"role": "user", "content": 5}],
          "messages[0].content must be a string or a list of text parts, got int"),
         ([{"role": "user", "content": ["hi"]}],
@@ -212,7 +225,8 @@ def test_continue_final_message_leaves_the_turn_open() -> None:
 
 @pytest.mark.parametrize(("template", "messages", "error"), [
     (None, [{"role": "user", "content": "Hi"},
-            {"role": "assistant", "tool_calls": [{"id": "1"}]}],
+            {"role": "assistant",
+             "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}]}],
      "continue_final_message needs a last message with content to continue"),
     (None, [{"role": "user", "content": ""}],
      "continue_final_message needs a last message with content to continue"),

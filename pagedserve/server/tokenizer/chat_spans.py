@@ -18,11 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pagedserve.server.tokenizer.chat_template import (
-    render_validated,
-    template_context,
-    validate_messages,
-)
+from pagedserve.server.tokenizer.chat_messages import template_messages
+from pagedserve.server.tokenizer.chat_template import render_validated, template_context
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +51,7 @@ def render_chat_spans(
 ) -> RenderedChat:
     """``render_chat_template``'s text, with the contents (and the other strings of the
     caller's for which ``hole`` is true) located in it."""
-    chat = validate_messages(messages)
+    chat = template_messages(messages)
     context = template_context(add_generation_prompt, special_tokens, variables)
     text = render_validated(template, chat, context, continue_final_message)
     holes = _Holes(hole or _never)

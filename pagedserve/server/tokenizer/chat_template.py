@@ -8,11 +8,9 @@ renders here exactly as it does in ``tokenizer.apply_chat_template``. The variab
 ``eos_token``, ...) and any the request adds (vLLM's ``chat_template_kwargs`` and
 ``documents``).
 
-Messages are validated first: each is an object with a ``role`` among ``ROLES`` and a
-``content`` that is a string or a list of text parts (``{"type": "text", "text": ...}``, joined
-with newlines); an assistant message that carries ``tool_calls`` may leave ``content`` out.
-Keys whose value is null are dropped, as transformers does. Invalid messages, and templates
-that reject a conversation (``raise_exception``), raise ``InvalidRequestError(param="messages")``.
+Messages are first checked and put in the form templates expect (``chat_messages``: string
+contents, tool-call arguments as objects). Invalid messages, and templates that reject a
+conversation (``raise_exception``), raise ``InvalidRequestError(param="messages")``.
 
 A model without a template gets ``DEFAULT_CHAT_TEMPLATE``, ChatML::
 
@@ -34,7 +32,7 @@ inside ``<tool_response>``. With
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
@@ -44,6 +42,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from pagedserve.common.engine_errors import InvalidRequestError
+from pagedserve.server.tokenizer.chat_messages import template_messages
 from pagedserve.server.tokenizer.tokenizer_load_error import TokenizerLoadError
 
 DEFAULT_CHAT_TEMPLATE = (
@@ -80,8 +79,6 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-
 _PARAM = "messages"
 
 
@@ -100,7 +97,7 @@ def render_chat_template(
     after it, such as an end-of-turn token, is cut). ``variables`` are more names for the
     template (vLLM's ``chat_template_kwargs`` and ``documents``)."""
     context = template_context(add_generation_prompt, special_tokens, variables)
-    return render_validated(template, validate_messages(messages), context,
+    return render_validated(template, template_messages(messages), context,
                             continue_final_message)
 
 
@@ -113,7 +110,7 @@ def template_context(add_generation_prompt: bool, special_tokens: Mapping[str, s
 
 def render_validated(template: str | None, chat: list[dict[str, Any]],
                      context: dict[str, Any], continue_final_message: bool) -> str:
-    """``chat`` (validated messages) rendered with ``context`` (``template_context``)."""
+    """``chat`` (``template_messages``) rendered with ``context`` (``template_context``)."""
     if continue_final_message:
         chat = [*chat[:-1], _marked_final_message(chat[-1])]
     compiled = compile_chat_template(template or DEFAULT_CHAT_TEMPLATE)
@@ -164,53 +161,6 @@ def checked_chat_template(template: str | None, source: str) -> str | None:
             raise TokenizerLoadError(f"{source}: the chat template does not compile: "
                                      f"{exc} (line {exc.lineno})") from exc
     return template
-
-
-def validate_messages(messages: object) -> list[dict[str, Any]]:
-    """Checked copies of ``messages`` with text-part contents joined into strings."""
-    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
-        _fail(f"messages must be a list, got {type(messages).__name__}")
-    if not messages:
-        _fail("messages must contain at least one message, got 0")
-    return [_validate_message(i, message) for i, message in enumerate(messages)]
-
-
-def _validate_message(i: int, message: object) -> dict[str, Any]:
-    if not isinstance(message, Mapping):
-        _fail(f"messages[{i}] must be an object, got {type(message).__name__}")
-    checked = {key: value for key, value in message.items() if value is not None}
-    if "role" not in checked:
-        _fail(f"messages[{i}] is missing 'role'")
-    role = checked["role"]
-    if not isinstance(role, str) or role not in ROLES:
-        _fail(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
-    if "content" in checked:
-        checked["content"] = content_text(i, checked["content"])
-    elif not (role == "assistant" and checked.get("tool_calls")):
-        _fail(f"messages[{i}] is missing 'content'")
-    return checked
-
-
-def content_text(i: int, content: object) -> str:
-    """Message ``i``'s content as text: a string as it is, text parts joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        _fail(f"messages[{i}].content must be a string or a list of text parts, "
-              f"got {type(content).__name__}")
-    return "\n".join(_part_text(i, j, part) for j, part in enumerate(content))
-
-
-def _part_text(i: int, j: int, part: object) -> str:
-    where = f"messages[{i}].content[{j}]"
-    if not isinstance(part, Mapping):
-        _fail(f"{where} must be an object, got {type(part).__name__}")
-    if part.get("type") != "text":
-        _fail(f"{where}.type must be 'text', got {part.get('type')!r}")
-    text = part.get("text")
-    if not isinstance(text, str):
-        _fail(f"{where}.text must be a string, got {type(text).__name__}")
-    return text
 
 
 def _fail(message: str) -> NoReturn:

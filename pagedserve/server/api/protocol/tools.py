@@ -10,8 +10,6 @@ output a JSON array of ``{"name": ..., "parameters": {...}}`` (one item when
 
 from __future__ import annotations
 
-import contextlib
-import json
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -169,7 +167,6 @@ def attach_tools(request: ToolCarrier, tools: ToolRequest) -> None:
     """The tools reach the template; a required or named choice becomes the output's
     grammar, which no other constraint may join."""
     request.tools = tools
-    request.messages = template_messages(request.messages)
     request.rendering = replace(request.rendering,
                                 variables={**request.rendering.variables, "tools": tools.tools})
     constraint = tools.constraint()
@@ -180,25 +177,3 @@ def attach_tools(request: ToolCarrier, tools: ToolRequest) -> None:
         raise InvalidRequestError(f"tool_choice {show(tools.choice)} and {other.source} both "
                                   "constrain the output: send one", param="tool_choice")
     request.sampling["structured_outputs"] = constraint
-
-
-def template_messages(messages: list[Any]) -> list[Any]:
-    """Messages as chat templates expect them: an assistant's tool call ``arguments`` as an
-    object rather than OpenAI's JSON text (Hermes and Qwen templates write them with
-    ``tojson``), as vLLM and transformers pass them. Anything malformed is left for the
-    template's validation to name."""
-    return [_with_argument_objects(m) if isinstance(m, dict) and m.get("tool_calls") else m
-            for m in messages]
-
-
-def _with_argument_objects(message: dict[str, Any]) -> dict[str, Any]:
-    calls = []
-    for call in message["tool_calls"] if isinstance(message["tool_calls"], list) else []:
-        function = call.get("function") if isinstance(call, dict) else None
-        arguments = function.get("arguments") if isinstance(function, dict) else None
-        if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):  # not JSON: the template gets it as it is
-                call = {**call, "function": {**(function or {}),
-                                             "arguments": json.loads(arguments)}}
-        calls.append(call)
-    return {**message, "tool_calls": calls}

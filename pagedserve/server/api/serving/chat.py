@@ -23,7 +23,7 @@ from pagedserve.server.api.serving.pipeline import (
 from pagedserve.server.api.tools.grammar_calls import NamedCall
 from pagedserve.server.api.tools.parsers import ToolParser, ToolStream
 from pagedserve.server.engine.core.outputs import PositionLogprobs, RequestOutput
-from pagedserve.server.tokenizer.chat_template import content_text
+from pagedserve.server.tokenizer.chat_messages import content_text
 
 OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
