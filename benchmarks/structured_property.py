@@ -285,7 +285,7 @@ def engine_counters(base_url: str) -> dict[str, float]:
     return found
 
 
-SERVE_FLAGS = ["--num-kv-blocks", "96", "--max-num-seqs", "16", "--enable-prefix-caching",
+SERVE_FLAGS = ["--num-kv-blocks", "64", "--max-num-seqs", "16", "--enable-prefix-caching",
                "--max-model-len", "768", "--disable-access-log"]
 
 
@@ -299,7 +299,7 @@ async def main() -> int:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=12,
                         help="requests in flight while checking outputs")
-    parser.add_argument("--pair-concurrency", type=int, default=2,
+    parser.add_argument("--pair-concurrency", type=int, default=1,
                         help="seeded pairs in flight (few enough that nothing is preempted)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
