@@ -35,8 +35,8 @@ import xgrammar
 from openai import AsyncOpenAI
 
 from benchmarks import harness
+from pagedserve.common.sampling_params import StructuredOutputsParams
 from pagedserve.server.sampling.grammar import GrammarCompiler
-from pagedserve.server.sampling_params import StructuredOutputsParams
 
 CORPUS = json.loads((Path(__file__).parent / "json_schemas.json").read_text("utf-8"))
 # Shapes a small model writes at length: unbounded strings, arrays of objects.

@@ -41,7 +41,7 @@ from pagedserve.server.api.shutdown import (
     settle_after_failure,
     wait_engine_failure,
 )
-from pagedserve.server.api.tools.parsers import TOOL_PARSERS
+from pagedserve.server.api.tools.formats import AUTO, TOOL_FORMATS
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.models.model_path import SMOLLM2_NAME
 
@@ -114,9 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="do not log one line per request")
     g.add_argument("--disable-web-ui", action="store_true",
                    help="serve no web page at / and no engine state at /engine/state")
-    g.add_argument("--tool-call-parser", default="hermes", choices=sorted(TOOL_PARSERS),
-                   help="how tool calls are read from the model's text under tool_choice "
-                        "auto (hermes: <tool_call>{JSON}</tool_call>, Hermes and Qwen models)")
+    g.add_argument("--tool-call-parser", default=AUTO, choices=[AUTO, *TOOL_FORMATS],
+                   help="the tool format: how tools reach the prompt and calls are read from "
+                        "the model's text under tool_choice auto (hermes: <tool_call>{JSON}"
+                        "</tool_call>, Hermes and Qwen; llama3_json: Llama 3.1-3.3; mistral: "
+                        "[TOOL_CALLS][...]; generic: tools described in the system turn, for "
+                        "templates without tool support; auto: read from the chat template)")
     add_limit_arguments(parser)
 
 

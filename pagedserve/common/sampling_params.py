@@ -24,11 +24,16 @@ def _check(ok: bool, param: str, value: object, limit: str) -> None:
         raise InvalidRequestError(f"{param} must be {limit}, got {value!r}", param=param)
 
 
+_KINDS = ("json", "regex", "choice", "grammar", "structural_tag")
+
+
 @dataclass(frozen=True, slots=True)
 class StructuredOutputsParams:
     """One constraint on a request's output, as vLLM names them: a JSON schema (``json``,
     an object or its text), any JSON object (``json_object``), a regular expression
-    (``regex``), one of several strings (``choice``) or an EBNF grammar (``grammar``).
+    (``regex``), one of several strings (``choice``), an EBNF grammar (``grammar``) or an
+    xgrammar structural tag (``structural_tag``, its JSON text: free text in which a trigger
+    starts a constrained part, as a tool call does).
 
     ``any_whitespace`` lets JSON carry any whitespace between its tokens; off by default
     (one space after ``:`` and ``,``), since a small model that may write whitespace anywhere
@@ -40,6 +45,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
+    structural_tag: str | None = None
     json_object: bool = False
     any_whitespace: bool = False
     source: str = field(default="structured_outputs", compare=False)
@@ -47,12 +53,12 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         if self.choice is not None:
             object.__setattr__(self, "choice", tuple(self.choice))
-        kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        kinds = [k for k in _KINDS if getattr(self, k) is not None]
         kinds += ["json_object"] if self.json_object else []
         if len(kinds) != 1:
             raise InvalidRequestError(
-                f"{self.source} must set exactly one of json, regex, choice, grammar and "
-                f"json_object, got {kinds or 'none'}", param=self.source)
+                f"{self.source} must set exactly one of json, regex, choice, grammar, "
+                f"structural_tag and json_object, got {kinds or 'none'}", param=self.source)
         if self.choice is not None and (not self.choice or not all(
                 isinstance(c, str) and c for c in self.choice)):
             raise InvalidRequestError(f"{self.source} choice must be a non-empty list of "
@@ -63,8 +69,7 @@ class StructuredOutputsParams:
     def kind(self) -> str:
         if self.json_object:
             return "json_object"
-        return next(k for k in ("json", "regex", "choice", "grammar")
-                    if getattr(self, k) is not None)
+        return next(k for k in _KINDS if getattr(self, k) is not None)
 
     def key(self) -> tuple[str, str, bool]:
         """What identifies the compiled grammar (a schema's text with sorted keys)."""

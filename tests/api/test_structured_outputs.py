@@ -143,6 +143,23 @@ async def test_json_object_output_is_an_object_or_its_prefix(client: AsyncOpenAI
         assert choice.message.content.startswith("{")
 
 
+# A tag around an integer (tool formats build theirs from the same parts, behind a trigger).
+INTEGER_TAG = {"type": "structural_tag", "format": {
+    "type": "tag", "begin": "<n>", "end": "</n>",
+    "content": {"type": "json_schema",
+                "json_schema": {"type": "integer", "minimum": 0, "maximum": 99}}}}
+
+
+async def test_a_structural_tag_constrains_the_text(client: AsyncOpenAI) -> None:
+    result = await client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, temperature=1.0, seed=3, max_tokens=20,
+        extra_body={"structured_outputs": {"structural_tag": json.dumps(INTEGER_TAG)}})
+    text = result.choices[0].message.content
+    assert result.choices[0].finish_reason == "stop"
+    assert text.startswith("<n>") and text.endswith("</n>")
+    assert 0 <= int(text[3:-4]) <= 99
+
+
 @pytest.mark.parametrize(("body", "message", "param"), [
     ({"response_format": json_schema_format({"type": "strin"})},
      'invalid JSON schema in response_format.json_schema.schema: Unsupported type "strin"',
@@ -158,8 +175,12 @@ async def test_json_object_output_is_an_object_or_its_prefix(client: AsyncOpenAI
     ({"guided_regex": "a", "response_format": {"type": "json_object"}},
      "response_format and guided_regex both constrain the output: send one", "guided_regex"),
     ({"structured_outputs": {"regex": "a", "choice": ["b"]}},
-     "structured_outputs must set exactly one of json, regex, choice, grammar and "
-     "json_object, got ['regex', 'choice']", "structured_outputs"),
+     "structured_outputs must set exactly one of json, regex, choice, grammar, "
+     "structural_tag and json_object, got ['regex', 'choice']", "structured_outputs"),
+    ({"structured_outputs": {"structural_tag": {"type": "structural_tag",
+                                                "format": {"type": "nope"}}}},
+     "invalid structural tag in structured_outputs.structural_tag: Invalid structural tag "
+     "error: Format type not recognized: nope", "structured_outputs.structural_tag"),
     ({"response_format": {"type": "json_schema"}}, "response_format.json_schema is required",
      "response_format.json_schema"),
     ({"response_format": {"type": "structural_tag"}},

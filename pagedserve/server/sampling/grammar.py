@@ -115,7 +115,8 @@ class GrammarCompiler:
             return self._by_kind(spec)
         except (RuntimeError, ValueError, TypeError) as exc:
             what = {"json": "JSON schema", "regex": "regex", "grammar": "grammar",
-                    "choice": "choice", "json_object": "JSON grammar"}[spec.kind]
+                    "choice": "choice", "json_object": "JSON grammar",
+                    "structural_tag": "structural tag"}[spec.kind]
             raise InvalidRequestError(f"invalid {what} in {spec.source}: {native_message(exc)}",
                                       param=spec.source) from exc
 
@@ -125,16 +126,25 @@ class GrammarCompiler:
         if spec.json_object or spec.json is not None:
             schema = ('{"type": "object"}' if spec.json_object else
                       spec.json if isinstance(spec.json, str) else json.dumps(spec.json))
-            ebnf = str(_xgrammar().Grammar.from_json_schema(schema, **json_layout))
-            for loose in _STRING_CHAR_CLASSES:
-                ebnf = ebnf.replace(loose, _STRICT_STRING_CHAR)
-            return compiler.compile_grammar(ebnf)
+            return compiler.compile_grammar(
+                _strict_strings(_xgrammar().Grammar.from_json_schema(schema, **json_layout)))
+        if spec.structural_tag is not None:
+            return compiler.compile_grammar(
+                _strict_strings(_xgrammar().Grammar.from_structural_tag(spec.structural_tag)))
         if spec.regex is not None:
             return compiler.compile_regex(spec.regex)
         if spec.choice is not None:
             alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in spec.choice)
             return compiler.compile_grammar(f"root ::= {alternatives}")
         return compiler.compile_grammar(spec.grammar)
+
+
+def _strict_strings(grammar: xgrammar.Grammar) -> str:
+    """The grammar's EBNF with each JSON string's character class made strict."""
+    ebnf = str(grammar)
+    for loose in _STRING_CHAR_CLASSES:
+        ebnf = ebnf.replace(loose, _STRICT_STRING_CHAR)
+    return ebnf
 
 
 def native_message(exc: BaseException) -> str:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from pagedserve.common.http.forwarded import X_FORWARDED_FOR, TrustedProxies
 from pagedserve.server.api.http.limits import ServerConfigError, ServerLimits
-from pagedserve.server.api.tools.parsers import TOOL_PARSERS
+from pagedserve.server.api.tools.formats import AUTO, TOOL_FORMATS
 from pagedserve.server.engine.config.engine_args import EngineArgs
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 1024 * 1024
@@ -40,7 +40,7 @@ class ServerConfig:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     drain_timeout: float = 30.0
     limits: ServerLimits = field(default_factory=ServerLimits)
-    tool_call_parser: str = "hermes"
+    tool_call_parser: str = AUTO
     health_port: int | None = None
     allow_special_tokens_in_content: bool = False
     forwarded_allow_ips: list[str] = field(default_factory=list)
@@ -53,9 +53,9 @@ class ServerConfig:
     engine_stall_timeout: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.tool_call_parser not in TOOL_PARSERS:
-            raise ServerConfigError(f"tool_call_parser must be one of "
-                                    f"{', '.join(TOOL_PARSERS)}, got {self.tool_call_parser!r}")
+        if self.tool_call_parser not in (AUTO, *TOOL_FORMATS):
+            raise ServerConfigError(f"tool_call_parser must be one of {AUTO}, "
+                                    f"{', '.join(TOOL_FORMATS)}, got {self.tool_call_parser!r}")
         if not 0 <= self.port <= 65535:
             raise ServerConfigError(f"port must be in [0, 65535], got {self.port}")
         if self.max_request_body_bytes < 1:

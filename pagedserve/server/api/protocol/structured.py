@@ -5,6 +5,7 @@ OpenAI's ``response_format`` (chat and completions) and ``text.format`` (Respons
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pagedserve.common.engine_errors import InvalidRequestError
@@ -85,20 +86,20 @@ def _read_structured_outputs(value: Fields | None) -> StructuredOutputsParams | 
     any_whitespace = not value.boolean("disable_any_whitespace", True)
     value.ignore("disable_fallback", "disable_additional_properties")
     specs = []
-    for kind in ("json", "regex", "choice", "grammar"):
+    for kind in ("json", "regex", "choice", "grammar", "structural_tag"):
         raw = value.raw(kind)
         if raw is not None:
             specs.append(_spec(kind, raw, f"structured_outputs.{kind}", any_whitespace))
     if value.boolean("json_object", False):
         specs.append(StructuredOutputsParams(json_object=True,
                                              source="structured_outputs.json_object"))
-    value.reject("structural_tag", "whitespace_pattern")
+    value.reject("whitespace_pattern")
     value.finish()
     if len(specs) != 1:
         raise InvalidRequestError(
-            "structured_outputs must set exactly one of json, regex, choice, grammar and "
-            f"json_object, got {[s.source.split('.')[-1] for s in specs] or 'none'}",
-            param="structured_outputs")
+            "structured_outputs must set exactly one of json, regex, choice, grammar, "
+            "structural_tag and json_object, got "
+            f"{[s.source.split('.')[-1] for s in specs] or 'none'}", param="structured_outputs")
     return specs[0]
 
 
@@ -108,6 +109,8 @@ def _spec(kind: str, value: Any, where: str, any_whitespace: bool) -> Structured
             return StructuredOutputsParams(json=value, any_whitespace=any_whitespace,
                                            source=where)
         raise type_error(where, "a JSON schema (an object or its text)", value)
+    if kind == "structural_tag" and isinstance(value, dict):  # vLLM takes its text
+        value = json.dumps(value)
     if kind == "choice":
         if isinstance(value, list) and value and all(isinstance(c, str) and c for c in value):
             return StructuredOutputsParams(choice=tuple(value), source=where)
@@ -116,4 +119,6 @@ def _spec(kind: str, value: Any, where: str, any_whitespace: bool) -> Structured
         raise type_error(where, "a non-empty string", value)
     if kind == "regex":
         return StructuredOutputsParams(regex=value, source=where)
+    if kind == "structural_tag":
+        return StructuredOutputsParams(structural_tag=value, source=where)
     return StructuredOutputsParams(grammar=value, source=where)

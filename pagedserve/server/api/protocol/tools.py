@@ -1,16 +1,16 @@
 """OpenAI's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` in a chat request.
 
-The tools go to the chat template (its ``tools`` variable), which tells the model how to
-call them. ``auto`` leaves the choice to the model and a parser reads its calls from the
-text; ``required`` and a named function are a grammar, as in vLLM: ``required`` makes the
-output a JSON array of ``{"name": ..., "parameters": {...}}`` (one item when
-``parallel_tool_calls`` is false), a named function makes it that function's arguments.
-``none`` calls nothing.
+The tools reach the prompt in the model's tool format (``tools.formats``: the chat template's
+own, or a generic one). ``auto`` leaves the choice to the model, a parser reads its calls
+from the text, and the format's grammar holds a call once the model starts one;
+``required`` and a named function are a grammar, as in vLLM: ``required`` makes the output a
+JSON array of ``{"name": ..., "parameters": {...}}`` (one item when ``parallel_tool_calls``
+is false), a named function makes it that function's arguments. ``none`` calls nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pagedserve.common.engine_errors import InvalidRequestError
@@ -18,7 +18,7 @@ from pagedserve.common.sampling_params import StructuredOutputsParams
 from pagedserve.server.api.protocol.chat_rendering import ChatRendering
 from pagedserve.server.api.protocol.fields import Fields, show, type_error
 from pagedserve.server.api.tools.grammar_calls import NamedCall, RequiredCalls
-from pagedserve.server.api.tools.parsers import ToolParser
+from pagedserve.server.api.tools.parsers import FirstCallOnly, ToolParser
 
 _ANY_OBJECT = {"type": "object"}
 
@@ -59,7 +59,7 @@ class ToolRequest:
         if self.choice == "none":
             return None
         if self.choice == "auto":
-            return auto
+            return auto if self.parallel else FirstCallOnly(auto)
         if self.choice == "required":
             return RequiredCalls()
         return NamedCall(self.choice)
@@ -164,11 +164,10 @@ class ToolCarrier(Protocol):
 
 
 def attach_tools(request: ToolCarrier, tools: ToolRequest) -> None:
-    """The tools reach the template; a required or named choice becomes the output's
-    grammar, which no other constraint may join."""
+    """The request's tools (which reach the prompt in the model's tool format, see
+    ``tools.formats``); a required or named choice becomes the output's grammar, which no
+    other constraint may join."""
     request.tools = tools
-    request.rendering = replace(request.rendering,
-                                variables={**request.rendering.variables, "tools": tools.tools})
     constraint = tools.constraint()
     if constraint is None:
         return

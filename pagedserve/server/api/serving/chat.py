@@ -51,12 +51,16 @@ class ChatCompletion(Route[ChatCompletionRequest]):
                  prompts: list[EncodedPrompt], response_id: str) -> None:
         super().__init__(serving, req, params, prompts, response_id)
         self.echoed = _echoed(req)
-        self.tool_parser = None if req.tools is None else req.tools.parser(
-            serving.tool_parser())
+        self.tool_parser = None if req.tools is None else serving.model_tools().parser(
+            req.tools)
 
     @classmethod
     def parse(cls, body: Any) -> ChatCompletionRequest:
         return parse_chat_request(body)
+
+    @classmethod
+    def prepare(cls, serving: Serving, req: ChatCompletionRequest) -> None:
+        serving.model_tools().apply(req)
 
     @classmethod
     def params_of(cls, req: ChatCompletionRequest) -> SamplingParams:

@@ -1,5 +1,6 @@
 """The pipeline every generation route runs (``Route.handle``): read and check the body,
-check the model, build the sampling params, encode the prompts (off the event loop for a
+check the model, let the route prepare the request (a chat's tools, in the model's tool
+format), build the sampling params, encode the prompts (off the event loop for a
 large body), check the server's token limit, hand the prompts to the engine's door, then
 stream the outputs or collect them. A route adds only its protocol: its body, its params
 and refusals, its prompts, and the view that shapes engine outputs into its responses."""
@@ -26,7 +27,7 @@ from pagedserve.server.api.http.sse import StreamLiveness, stream_events, stream
 from pagedserve.server.api.serving.generation import BATCHES_KEY, GenerationBatch, Prompt
 from pagedserve.server.api.telemetry.metrics import METRICS_KEY
 from pagedserve.server.api.telemetry.tracing import TRACING_KEY
-from pagedserve.server.api.tools.parsers import TOOL_PARSERS, ToolParser
+from pagedserve.server.api.tools.formats import ModelTools
 from pagedserve.server.engine.core.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -95,9 +96,13 @@ class Serving:
         tokenizer pool for a large one, so the event loop keeps answering meanwhile."""
         return await off_loop(request, request.content_length, work)
 
-    def tool_parser(self) -> ToolParser:
-        """The parser ``--tool-call-parser`` names, for ``tool_choice: "auto"``."""
-        return TOOL_PARSERS[self.app[CONFIG_KEY].tool_call_parser]()
+    def model_tools(self) -> ModelTools:
+        """The model's tool format (``--tool-call-parser``, by default read from the chat
+        template) and what its template shows."""
+        tokenizer = self.tokenizer
+        return ModelTools.of(tokenizer.chat_template, dict(tokenizer.special_tokens_map),
+                             self.app[CONFIG_KEY].tool_call_parser,
+                             frozenset(tokenizer.special_texts))
 
     def liveness(self) -> StreamLiveness:
         """When this server's silent streams get keep-alive comments."""
@@ -195,6 +200,11 @@ class Route(ABC, Generic[Req]):
         """The request body, read and type-checked (a ``protocol`` parser)."""
 
     @classmethod
+    def prepare(cls, serving: Serving, req: Req) -> None:
+        """What the server changes in the request before its params are read (a chat's
+        tools, in the model's tool format)."""
+
+    @classmethod
     @abstractmethod
     def params_of(cls, req: Req) -> SamplingParams:
         """The sampling params the body asks for."""
@@ -224,6 +234,7 @@ class Route(ABC, Generic[Req]):
         req = await read_request(request, cls.parse)
         serving = Serving.of(request)
         serving.check_model(req.model)
+        cls.prepare(serving, req)
         params = cls.params_of(req)
         cls.check(serving, req, params)
         prompts = await serving.tokenization(request, lambda: cls.encode(serving, req))

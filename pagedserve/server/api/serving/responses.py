@@ -45,13 +45,17 @@ class Response(Route[ResponsesRequest]):
     def __init__(self, serving: Serving, req: ResponsesRequest, params: SamplingParams,
                  prompts: list[EncodedPrompt], response_id: str) -> None:
         super().__init__(serving, req, params, prompts, response_id)
-        self.tool_parser = None if req.tools is None else req.tools.parser(
-            serving.tool_parser())
+        self.tool_parser = None if req.tools is None else serving.model_tools().parser(
+            req.tools)
         self._sequence = 0
 
     @classmethod
     def parse(cls, body: Any) -> ResponsesRequest:
         return parse_responses_request(body)
+
+    @classmethod
+    def prepare(cls, serving: Serving, req: ResponsesRequest) -> None:
+        serving.model_tools().apply(req)
 
     @classmethod
     def params_of(cls, req: ResponsesRequest) -> SamplingParams:

@@ -88,6 +88,29 @@ class ToolParser(ABC):
     def stream(self) -> ToolStream: ...
 
 
+class FirstCallOnly(ToolParser):
+    """``parallel_tool_calls: false``: the first call alone, whatever else the text holds."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self._parser = parser
+
+    def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        content, calls = self._parser.extract(text)
+        return content, calls[:1]
+
+    def stream(self) -> ToolStream:
+        return _FirstCallStream(self._parser.stream())
+
+
+class _FirstCallStream(ToolStream):
+    def __init__(self, stream: ToolStream) -> None:
+        self._stream = stream
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[ToolCallDelta]]:
+        content, deltas = self._stream.feed(text, final)
+        return content, [delta for delta in deltas if delta.index == 0]
+
+
 def _call_from_json(body: str) -> ToolCall | None:
     try:
         value = json.loads(body)
@@ -134,7 +157,7 @@ class _HermesStream(ToolStream):
                 continue
             start = self._held.find(_OPEN)
             if start < 0:
-                keep = 0 if final else _partial_suffix(self._held, _OPEN)
+                keep = 0 if final else partial_suffix(self._held, _OPEN)
                 content.append(self._held[:len(self._held) - keep])
                 self._held = self._held[len(self._held) - keep:]
                 break
@@ -153,7 +176,7 @@ class _HermesStream(ToolStream):
                                   for k, call in enumerate(calls)]
 
 
-def _partial_suffix(text: str, marker: str) -> int:
+def partial_suffix(text: str, marker: str) -> int:
     """How many trailing characters of ``text`` could be the start of ``marker``."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:size]):
