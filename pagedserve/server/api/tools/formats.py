@@ -94,7 +94,9 @@ class _MistralFormat(ToolFormat):
 
 HERMES = ToolFormat("hermes", HermesToolParser, "<tool_call>", _hermes_begin, "}\n</tool_call>")
 LLAMA3_JSON = ToolFormat("llama3_json", Llama3JsonToolParser, '{"name": ', _llama_begin, "}")
-MISTRAL = _MistralFormat("mistral", MistralToolParser, "[TOOL_CALLS]", str, "")
+# One array after the marker holds every call (``_MistralFormat.call_grammar``).
+MISTRAL = _MistralFormat("mistral", MistralToolParser, "[TOOL_CALLS]",
+                         lambda name: "[TOOL_CALLS]", "")
 GENERIC = replace(HERMES, name="generic", template_tools=False)
 TOOL_FORMATS = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL, GENERIC)}
 AUTO = "auto"
