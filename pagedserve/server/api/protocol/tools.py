@@ -15,7 +15,6 @@ from typing import Any, Protocol
 
 from pagedserve.common.engine_errors import InvalidRequestError
 from pagedserve.common.sampling_params import StructuredOutputsParams
-from pagedserve.server.api.protocol.chat_rendering import ChatRendering
 from pagedserve.server.api.protocol.fields import Fields, show, type_error
 from pagedserve.server.api.tools.grammar_calls import NamedCall, RequiredCalls
 from pagedserve.server.api.tools.parsers import FirstCallOnly, ToolParser
@@ -155,11 +154,9 @@ def named_choice(name: str, tools: list[dict[str, Any]]) -> str:
 
 
 class ToolCarrier(Protocol):
-    """What a chat or a responses request holds that its tools change."""
+    """What a request (chat, responses, tokenize) holds that its tools change."""
 
     tools: ToolRequest | None
-    messages: list[Any]
-    rendering: ChatRendering
     sampling: dict[str, Any]
 
 

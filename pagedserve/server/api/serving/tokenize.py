@@ -21,8 +21,7 @@ async def tokenize(request: web.Request) -> web.Response:
     serving = Serving.of(request)
     serving.check_model(req.model)
     tokenizer, max_model_len = serving.tokenizer, serving.engine.max_model_len
-    if req.messages is not None:
-        serving.model_tools().apply(req)  # the prompt chat would encode
+    serving.model_tools().apply(req)  # the prompt chat would encode
 
     def work() -> bytes:
         # The answer's JSON too: for a large input it is a large list.

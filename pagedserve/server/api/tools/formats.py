@@ -120,10 +120,12 @@ def detect_tool_format(template: str | None, capabilities: TemplateCapabilities)
 class ToolCarrier(Protocol):
     """What a request (chat, responses, tokenize) holds that its tools change."""
 
-    tools: OfferedTools | None
-    messages: list[Any]
+    messages: Any  # list[Any]; None for a tokenize request of a prompt, not a chat
     rendering: Any  # ChatRendering: its ``variables`` reach the template
     sampling: dict[str, Any]
+
+    @property
+    def tools(self) -> OfferedTools | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +153,8 @@ class ModelTools:
         """Present the request's tools to the prompt in this format, and hold an ``auto``
         call to its grammar once started (unless another constraint holds the output)."""
         tools, fmt = request.tools, self.format
+        if request.messages is None:
+            return
         if not fmt.template_tools:  # earlier calls and results too, with or without tools
             request.messages = generic_messages(
                 request.messages, tools if tools is not None and tools.calls_tools else None,

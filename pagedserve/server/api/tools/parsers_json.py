@@ -147,7 +147,9 @@ class Llama3JsonToolParser(_JsonParser):
 
     def read(self, body: str) -> tuple[list[ToolCall], int] | None:
         decoded = decode(body)
-        call = None if decoded is None else _call(decoded[0], "parameters")
+        if decoded is None:
+            return None
+        call = _call(decoded[0], "parameters")
         return None if call is None else ([call], decoded[1])
 
 
@@ -167,9 +169,9 @@ class MistralToolParser(_JsonParser):
         if decoded is None:
             return None
         value, end = decoded
-        calls = [_call(item, "arguments") for item in
-                 (value if isinstance(value, list) else [value])]
-        if not calls or any(call is None for call in calls):
+        items = value if isinstance(value, list) else [value]
+        calls = [call for item in items if (call := _call(item, "arguments")) is not None]
+        if not calls or len(calls) < len(items):
             return None
         for call in calls:
             call.id = mistral_call_id()

@@ -86,7 +86,7 @@ class StepUpdater:
                 update: StepUpdate) -> None:
         group = token.draw.group
         if seq.grammar is not None and not seq.grammar.accept(token.token_id):
-            self._reject(seq, group, token.token_id, update)
+            self._reject(seq, group, seq.grammar.is_completed, token.token_id, update)
             return
         seq.append_token(token.token_id, token.logprob)
         _mark_token(group, now, update)
@@ -103,14 +103,15 @@ class StepUpdater:
             seq.stop_reason = stop_reason
             self._scheduler.finish_seq(seq, _STATUS_BY_REASON[reason])
 
-    def _reject(self, seq: Sequence, group: SequenceGroup, token_id: int,
+    def _reject(self, seq: Sequence, group: SequenceGroup, complete: bool, token_id: int,
                 update: StepUpdate) -> None:
-        """End a sequence whose sampled token its grammar forbids. A mask that left no token
-        (min_tokens holding back the only stop a complete output allows) ends a complete
-        output: "stop". Anything else is a fault of the sampler: the output is cut short, and
-        "stop" would pass it off as valid, so it ends with "error"."""
+        """End a sequence whose sampled token its grammar forbids (``complete``: the output
+        so far is a whole string of the grammar). A mask that left no token (min_tokens
+        holding back the only stop a complete output allows) ends a complete output: "stop".
+        Anything else is a fault of the sampler: the output is cut short, and "stop" would
+        pass it off as valid, so it ends with "error"."""
         update.touch(group)
-        if seq.grammar.is_completed:
+        if complete:
             self._scheduler.finish_seq(seq, SequenceStatus.FINISHED_STOPPED)
             return
         logger.error("request %s sampled token %d, which its grammar forbids after %d tokens",
