@@ -20,7 +20,7 @@ from aiohttp import web
 
 from pagedserve.common.errors import APIError
 from pagedserve.common.http.client_limits import ClientCounter, over_client_share
-from pagedserve.common.http.connection_guard import ConnectionGuard
+from pagedserve.common.http.connection_guard import OPEN_PATHS, ConnectionGuard, serve_probe
 from pagedserve.common.http.json_errors import (
     body_read_timeout,
     error_response,
@@ -30,7 +30,6 @@ from pagedserve.common.http.parse_errors import json_parse_errors
 from pagedserve.router.state import RouterState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 class ClientGate:
@@ -50,7 +49,7 @@ class ClientGate:
     async def admit(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         refusal = self.probe_only.get(request.transport)
         if refusal is not None:
-            return await _serve_probe(request, handler, refusal)
+            return await serve_probe(request, handler, refusal)
         if request.path in OPEN_PATHS:
             return await handler(request)
         with self._client_share(self.state.proxies.client_address(request)):
@@ -90,19 +89,6 @@ async def gate_middleware(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status < 400:
             raise
         return error_response(from_http_exception(exc, request))
-
-
-async def _serve_probe(request: web.Request, handler: Handler,
-                       refusal: Callable[[], APIError]) -> web.StreamResponse:
-    """A probe connection's request: its answer closes the connection, which frees the slot
-    for the next probe."""
-    if request.path not in OPEN_PATHS:
-        error = refusal()
-        error.close_connection = True
-        raise error
-    response = await handler(request)
-    response.force_close()
-    return response
 
 
 GATE_KEY = web.AppKey("router_gate", ClientGate)

@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagedserve.common.http.static_page import add_static_page
 from pagedserve.router.metrics import PREFIX
 from pagedserve.router.policies import AFFINITY_HIT, AFFINITY_MISS, AFFINITY_NEW
 from pagedserve.router.replicas import Replica
@@ -25,26 +26,13 @@ from pagedserve.router.state import RouterState
 
 STATIC_DIR = Path(__file__).parent / "static"
 STATE_PATH = "/router/state"
-_NO_CACHE = {"Cache-Control": "no-cache"}
 _HITS, _QUERIES = "vllm:prefix_cache_hits", "vllm:prefix_cache_queries"
 _AFFINITY = {AFFINITY_HIT: "cache_affinity_hits", AFFINITY_MISS: "cache_affinity_misses",
              AFFINITY_NEW: "new_prefixes"}
 
 
 def add_router_page(router: web.UrlDispatcher) -> None:
-    files = {path.name: path for path in STATIC_DIR.iterdir() if path.is_file()}
-
-    async def index(request: web.Request) -> web.FileResponse:
-        return web.FileResponse(files["index.html"], headers=_NO_CACHE)
-
-    async def static_file(request: web.Request) -> web.FileResponse:
-        path = files.get(request.match_info["name"])
-        if path is None:
-            raise web.HTTPNotFound()
-        return web.FileResponse(path, headers=_NO_CACHE)
-
-    router.add_get("/", index)
-    router.add_get("/ui/{name}", static_file)
+    add_static_page(router, STATIC_DIR)
     router.add_get(STATE_PATH, router_state)
 
 

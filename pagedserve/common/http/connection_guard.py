@@ -16,7 +16,7 @@ import asyncio
 import logging
 import resource
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
 from typing import Protocol
 
@@ -345,3 +345,25 @@ async def expect_continue(request: web.Request) -> web.StreamResponse | None:
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the interim answer is not part of the response's size
     return None
+
+
+# What a probe connection may ask for; a request for anything else gets its refusal.
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+
+
+async def serve_probe(request: web.Request,
+                      handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+                      refusal: Callable[[], APIError]) -> web.StreamResponse:
+    """A probe connection's request: its answer, or its error (``/health``'s 503 while
+    draining), closes the connection, which frees the slot for the next probe."""
+    if request.path not in OPEN_PATHS:
+        error = refusal()
+        error.close_connection = True
+        raise error
+    try:
+        response = await handler(request)
+    except APIError as exc:
+        exc.close_connection = True
+        raise
+    response.force_close()
+    return response

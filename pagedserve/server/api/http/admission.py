@@ -29,6 +29,7 @@ from pagedserve.common.http.client_limits import (
     KeyConnections,
     over_client_share,
 )
+from pagedserve.common.http.connection_guard import OPEN_PATHS, serve_probe
 from pagedserve.common.http.forwarded import TrustedProxies
 from pagedserve.server.api.http.api_errors import (
     INVALID_REQUEST,
@@ -38,7 +39,6 @@ from pagedserve.server.api.http.api_errors import (
 from pagedserve.server.api.http.limits import ServerLimits
 from pagedserve.server.api.web.paths import is_page_path
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})
 # The request's tenant (``key:N`` for the N-th API key, else ``addr:`` and its source
 # address), which the engine schedules fairly against the others.
 TENANT = web.RequestKey("tenant", str)
@@ -84,7 +84,7 @@ class Admission:
     async def _admit(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         refusal = self.probe_only.get(request.transport)
         if refusal is not None:
-            return await _serve_probe(request, handler, refusal)
+            return await serve_probe(request, handler, refusal)
         if request.path in OPEN_PATHS:
             return await handler(request)
         # The page's own files hold no secret: it loads without a key and then asks for one.
@@ -160,23 +160,6 @@ class Admission:
         if not any(matches):
             raise _unauthorized("Incorrect API key provided.")
         return matches.index(True)
-
-
-async def _serve_probe(request: web.Request, handler: Handler,
-                       refusal: Callable[[], APIError]) -> web.StreamResponse:
-    """A probe connection's request: its answer closes the connection, which frees the slot
-    for the next probe."""
-    if request.path not in OPEN_PATHS:
-        error = refusal()
-        error.close_connection = True
-        raise error
-    try:
-        response = await handler(request)
-    except APIError as exc:  # /health's 503 while draining or after an engine failure
-        exc.close_connection = True
-        raise
-    response.force_close()
-    return response
 
 
 ADMISSION_KEY = web.AppKey("admission", Admission)

@@ -25,8 +25,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from pagedserve.common.http.connection_guard import OPEN_PATHS
 from pagedserve.common.sampling_params import SamplingParams
-from pagedserve.server.api.http.admission import OPEN_PATHS
 from pagedserve.server.engine.core.outputs import RequestOutput
 from pagedserve.server.engine.worker.step_timing import STEP_PHASES
 

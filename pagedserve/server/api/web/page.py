@@ -14,35 +14,23 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
+from pagedserve.common.http.static_page import add_static_page
 from pagedserve.server.api.web.engine_state import state_body
-from pagedserve.server.api.web.paths import STATE_PATH, STATIC_PREFIX
+from pagedserve.server.api.web.paths import STATE_PATH
 
 if TYPE_CHECKING:
     from pagedserve.server.engine.engine_snapshot import EngineSnapshot
 
 STATIC_DIR = Path(__file__).parent / "static"
-# The browser revalidates every time: a server upgraded in place serves its new page at once.
-_NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 def add_web_ui(router: web.UrlDispatcher, snapshot: Callable[[], EngineSnapshot],
                model_name: str) -> None:
     """Adds the page's routes; ``snapshot()`` returns the engine's latest snapshot."""
-    files = {path.name: path for path in STATIC_DIR.iterdir() if path.is_file()}
-
-    async def index(request: web.Request) -> web.FileResponse:
-        return web.FileResponse(files["index.html"], headers=_NO_CACHE)
-
-    async def static_file(request: web.Request) -> web.FileResponse:
-        path = files.get(request.match_info["name"])
-        if path is None:
-            raise web.HTTPNotFound()
-        return web.FileResponse(path, headers=_NO_CACHE)
+    add_static_page(router, STATIC_DIR)
 
     async def engine_state(request: web.Request) -> web.Response:
         body = orjson.dumps(state_body(snapshot(), model_name))
         return web.Response(body=body, content_type="application/json")
 
-    router.add_get("/", index)
-    router.add_get(STATIC_PREFIX + "{name}", static_file)
     router.add_get(STATE_PATH, engine_state)

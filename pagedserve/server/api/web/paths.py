@@ -1,8 +1,9 @@
-"""Where the page lives, for the routes and for the key check (which imports nothing else)."""
+"""Where the page lives, for the routes and for the key check."""
 
 from __future__ import annotations
 
-STATIC_PREFIX = "/ui/"
+from pagedserve.common.http.static_page import STATIC_PREFIX
+
 STATE_PATH = "/engine/state"
 
 
