@@ -101,8 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds in-flight requests get to finish after SIGTERM")
     g.add_argument("--stream-keepalive-interval", type=float, default=10.0,
                    help="seconds a stream may stay silent (a long queue wait or prefill) "
-                        "before it gets an SSE comment, ': keep-alive', so that proxies "
-                        "and the router see it alive")
+                        "before it gets an SSE comment, ': keep-alive', where its request "
+                        "asks for them (header X-PagedServe-Keepalive, which the router "
+                        "sends), so that proxies and the router see it alive")
     g.add_argument("--engine-stall-timeout", type=float, default=60.0,
                    help="seconds the engine may go without finishing a step while it holds "
                         "requests; past it /health answers 503 engine_stalled and streams "

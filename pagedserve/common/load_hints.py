@@ -22,6 +22,10 @@ HEADER_GENERATED = "X-PagedServe-Generated-Tokens"  # cumulative tokens generate
 # The most of the KV cache the requests held will need if none stops before max_tokens (a
 # share of the cache; above 1 means a preemption ahead unless some stop early).
 HEADER_KV_PROJECTED = "X-PagedServe-KV-Projected"
+# A request header: a client (the router) that asks for SSE keep-alive comments on a silent
+# stream. Without it a stream carries events only, as OpenAI's do: some clients (vLLM's
+# `bench serve` among them) do not skip comments.
+HEADER_KEEPALIVE = "X-PagedServe-Keepalive"
 
 
 @dataclass(slots=True, frozen=True)

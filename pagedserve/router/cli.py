@@ -57,8 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "streamed (its whole generation) before it counts as failed")
     parser.add_argument("--stream-idle-timeout", type=float, default=30.0,
                         help="seconds a replica may stay silent on a streamed request, before "
-                        "its first byte and between chunks (pagedserve replicas send a "
-                        "keep-alive comment every 10 s through long prefills): before the "
+                        "its first byte and between chunks (pagedserve replicas, asked by "
+                        "the router, send a keep-alive comment every 10 s through long "
+                        "prefills): before the "
                         "first byte the request is retried elsewhere, after it the client "
                         "gets an error event and [DONE]; either counts toward ejection")
     parser.add_argument("--failures-to-eject", type=int, default=2,

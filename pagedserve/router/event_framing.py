@@ -49,7 +49,7 @@ class EventFraming:
             return b""
         events = data if end == len(data) else data[:end]
         self._partial = data[end:]
-        if not (events.startswith(b":") and _only_comments(events)):
+        if not (events.startswith(b":") and only_comments(events)):
             self._last = events
         return events
 
@@ -61,7 +61,7 @@ class EventFraming:
         return event is not None and _says_done(*event)
 
 
-def _only_comments(events: bytes) -> bool:
+def only_comments(events: bytes) -> bool:
     return all(not line or line.startswith(b":") for line in events.splitlines())
 
 

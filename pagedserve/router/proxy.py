@@ -23,7 +23,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from pagedserve.common.http.forwarded import FORWARDED, X_FORWARDED_FOR
-from pagedserve.common.load_hints import HEADER_FREE_TOKENS, LoadHints
+from pagedserve.common.load_hints import HEADER_FREE_TOKENS, HEADER_KEEPALIVE, LoadHints
 from pagedserve.router import error_responses
 from pagedserve.router.policies import Route
 from pagedserve.router.replicas import DRAINING, Replica, error_code
@@ -93,6 +93,9 @@ def forward_headers(headers: CIMultiDict[str] | Any, peer: str | None,
     if peer:
         earlier = ", ".join(out.popall(X_FORWARDED_FOR, ()))
         out[X_FORWARDED_FOR] = f"{earlier}, {peer}" if earlier else peer
+    # A long prefill's silence then carries keep-alive comments that the idle timer sees
+    # (the router passes whole events on, never the comments).
+    out[HEADER_KEEPALIVE] = "1"
     return out
 
 

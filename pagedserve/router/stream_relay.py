@@ -21,7 +21,8 @@ from multidict import CIMultiDict
 
 from pagedserve.common.errors import APIError
 from pagedserve.common.http.json_errors import UNAVAILABLE
-from pagedserve.router.event_framing import EventFraming, NotEventStream
+from pagedserve.common.load_hints import HEADER_KEEPALIVE
+from pagedserve.router.event_framing import EventFraming, NotEventStream, only_comments
 from pagedserve.router.replicas import Replica
 from pagedserve.router.state import RouterState
 
@@ -53,7 +54,8 @@ async def relay(request: web.Request, state: RouterState, replica: Replica,
     counted = False  # an ejection that ends the stream has counted already
     try:
         failure, silent = await _pump(response, upstream, first,
-                                      state.config.stream_idle_timeout)
+                                      state.config.stream_idle_timeout,
+                                      HEADER_KEEPALIVE in request.headers)
     except asyncio.CancelledError:
         if not replica.was_cut_off(task):
             raise  # the client left: closing the upstream connection aborts the generation
@@ -74,9 +76,10 @@ async def relay(request: web.Request, state: RouterState, replica: Replica,
 
 
 async def _pump(response: web.StreamResponse, upstream: aiohttp.ClientResponse, chunk: bytes,
-                idle_timeout: float) -> tuple[str | None, bool]:
+                idle_timeout: float, comments: bool) -> tuple[str | None, bool]:
     """Passes events on until the stream ends: None when it said it was complete, else what
-    went wrong; and whether the replica fell silent."""
+    went wrong; and whether the replica fell silent. The replica's keep-alive comments reach
+    the client only where it asked for them (``comments``), as the server's own do."""
     framing = EventFraming()
     content = upstream.content
     while True:
@@ -84,6 +87,8 @@ async def _pump(response: web.StreamResponse, upstream: aiohttp.ClientResponse, 
             events = framing.whole(chunk)
         except NotEventStream as exc:
             return str(exc), False
+        if not comments and events.startswith(b":") and only_comments(events):
+            events = b""
         try:
             if content.at_eof():
                 if framing.complete():  # its last events and the end in one write

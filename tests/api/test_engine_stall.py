@@ -15,6 +15,7 @@ import aiohttp
 import pytest
 
 from pagedserve.client.api.sse import iter_sse
+from pagedserve.common.load_hints import HEADER_KEEPALIVE
 from tests.api.conftest import MODEL
 from tests.api.live_server import LiveServer, server_config
 
@@ -50,14 +51,17 @@ async def test_a_hung_step_stops_keepalives_and_fails_health(
         stalling_server: tuple[LiveServer, threading.Event]) -> None:
     server, release = stalling_server
     body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "ignore_eos": True,
-            "stream": True}
+            "temperature": 0, "stream": True}
     async with aiohttp.ClientSession() as session:
         assert await health(session, server) == (200, {"status": "ok"})
-        stream = await session.post(server.base_url + "/v1/completions", json=body)
-        assert stream.status == 200
-        # Before any token, the silent stream is kept alive.
+        stream = await session.post(server.base_url + "/v1/completions", json=body,
+                                    headers={HEADER_KEEPALIVE: "1"})
+        plain = await session.post(server.base_url + "/v1/completions", json=body)
+        assert (stream.status, plain.status) == (200, 200)
+        # Before any token, the silent stream that asked for comments is kept alive.
         first = await asyncio.wait_for(stream.content.readuntil(b"\n\n"), WAIT_S)
         assert first == b": keep-alive\n\n"
+        assert plain.content.read_nowait() == b""  # the other one carries events only
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_S
         while (answer := await health(session, server))[0] == 200:
@@ -76,5 +80,7 @@ async def test_a_hung_step_stops_keepalives_and_fails_health(
         release.set()
         events = [event async for event in iter_sse(stream.content)]
         assert events[-1].is_done
-        assert len([e for e in events[:-1] if e.json()["choices"][0]["text"] is not None]) == 3
+        assert events[-2].json()["choices"][0]["finish_reason"] == "length"  # all 3 tokens
+        raw = await plain.content.read()
+        assert raw.startswith(b"data: ") and b"\n\n:" not in raw
         assert await health(session, server) == (200, {"status": "ok"})

@@ -10,7 +10,9 @@ from collections import defaultdict
 
 import aiohttp
 import orjson
+import pytest
 
+from pagedserve.common.load_hints import HEADER_KEEPALIVE
 from pagedserve.router.proxy import REPLICA_HEADER
 from tests.api.live_server import LiveServer
 from tests.live_model import MODEL
@@ -85,9 +87,10 @@ async def test_a_client_leaving_mid_stream_aborts_at_the_replica(
     assert after.generation_tokens_total - before.generation_tokens_total < 1000
 
 
+@pytest.mark.parametrize("asks_for_comments", [False, True])
 async def test_a_prefill_longer_than_the_idle_timeout_is_kept_alive(
         live_replicas: list[LiveServer], make_router, http: aiohttp.ClientSession,
-        monkeypatch) -> None:
+        monkeypatch, asks_for_comments: bool) -> None:
     server = live_replicas[0]
     router = await make_router([server.base_url], stream_idle_timeout=0.6)
     monkeypatch.setattr(server.config, "stream_keepalive_interval", 0.2)
@@ -102,10 +105,15 @@ async def test_a_prefill_longer_than_the_idle_timeout_is_kept_alive(
     monkeypatch.setattr(engine, "step", slow_first_step)
     body = {"model": MODEL, "prompt": "a long prompt", "max_tokens": 3, "ignore_eos": True,
             "temperature": 0, "stream": True}
-    async with http.post(router.url + "/v1/completions", json=body) as response:
+    headers = {HEADER_KEEPALIVE: "1"} if asks_for_comments else {}
+    async with http.post(router.url + "/v1/completions", json=body,
+                         headers=headers) as response:
         raw = await response.read()
     events = raw.split(b"\n\n")
-    assert events[0] == b": keep-alive"  # passed through while the prefill ran
+    # The replica's comments kept the router's timer alive while the prefill ran; they reach
+    # only a client that asked for them, as the server's own do.
+    assert (events[0] == b": keep-alive") is asks_for_comments
+    assert asks_for_comments or not any(e.startswith(b":") for e in events)
     data = [e for e in events if e.startswith(b"data: ")]
     assert data[-1] == b"data: [DONE]"
     assert len(data) == 4 and all(b'"text"' in e for e in data[:-1])

@@ -6,8 +6,10 @@ to the client as one more event, ``data: {"error": {...}}``, followed by ``[DONE
 readers end cleanly instead of seeing a dropped connection.
 
 A stream silent for ``--stream-keepalive-interval`` (a request waiting in the queue, a long
-prefill) gets an SSE comment, ``: keep-alive``, which readers skip: proxies in between, the
-router among them, then time out only a stream whose server has gone quiet. The comments stop
+prefill) gets an SSE comment, ``: keep-alive``, where its request asks for them (the
+``X-PagedServe-Keepalive`` header, which the router sends): proxies in between then time out
+only a stream whose server has gone quiet, and clients that do not skip comments never see
+one. The comments stop
 while the engine is stalled (``--engine-stall-timeout``), so that a hung step does not look
 alive from outside.
 """
@@ -30,10 +32,11 @@ KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
 @dataclass(frozen=True)
 class StreamLiveness:
-    """When a silent stream gets a keep-alive comment: every ``interval`` seconds, while the
-    engine has been stalled for no longer than ``stall_timeout`` (``stalled_for()``)."""
+    """When a silent stream gets a keep-alive comment: every ``interval`` seconds (None:
+    never), while the engine has been stalled for no longer than ``stall_timeout``
+    (``stalled_for()``)."""
 
-    interval: float
+    interval: float | None
     stall_timeout: float
     stalled_for: Callable[[], float]
 
@@ -79,18 +82,20 @@ async def _stream(request: web.Request, chunks: AsyncIterator[list[dict[str, Any
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
     await response.prepare(request)
-    keepalive = _KeepAlive(response, liveness)
+    keepalive = _KeepAlive(response, liveness) if liveness.interval is not None else None
     try:
         async for batch in chunks:
             if batch:
                 await response.write(b"".join(encode(chunk) for chunk in batch))
-                keepalive.last_write = keepalive.loop.time()
+                if keepalive is not None:
+                    keepalive.last_write = keepalive.loop.time()
     except (asyncio.CancelledError, ConnectionResetError):
         raise  # the client is gone; the caller's cleanup aborts the engine requests
     except Exception as exc:
         await response.write(encode(error(exc, request)))
     finally:
-        keepalive.stop()
+        if keepalive is not None:
+            keepalive.stop()
     if done:
         await response.write(done)
     await response.write_eof()
@@ -107,6 +112,7 @@ class _KeepAlive:
         self.last_write = self.loop.time()
         self._response = response
         self._stalled_for = liveness.stalled_for
+        assert liveness.interval is not None
         self._interval = liveness.interval
         self._stall_timeout = liveness.stall_timeout
         self._writes: set[asyncio.Future[None]] = set()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from aiohttp import web
 
+from pagedserve.common.load_hints import HEADER_KEEPALIVE
 from pagedserve.common.sampling_params import SamplingParams
 from pagedserve.server.api.config.app_keys import CONFIG_KEY, ENGINE_KEY, MODEL_NAMES_KEY
 from pagedserve.server.api.http.admission import TENANT
@@ -104,11 +105,12 @@ class Serving:
                              self.app[CONFIG_KEY].tool_call_parser,
                              frozenset(tokenizer.special_texts))
 
-    def liveness(self) -> StreamLiveness:
-        """When this server's silent streams get keep-alive comments."""
+    def liveness(self, request: web.Request) -> StreamLiveness:
+        """When the request's stream gets keep-alive comments: only where it asks for them."""
         config = self.app[CONFIG_KEY]
-        return StreamLiveness(config.stream_keepalive_interval, config.engine_stall_timeout,
-                              self.engine.stalled_for)
+        interval = (config.stream_keepalive_interval if HEADER_KEEPALIVE in request.headers
+                    else None)
+        return StreamLiveness(interval, config.engine_stall_timeout, self.engine.stalled_for)
 
     def batch(self) -> GenerationBatch:
         return GenerationBatch(self.engine, self.app[BATCHES_KEY], self.app[METRICS_KEY],
@@ -247,7 +249,7 @@ class Route(ABC, Generic[Req]):
             if req.stream:
                 await batch.admitted()
                 send = stream_typed_events if cls.typed_events else stream_events
-                return await send(request, view.stream(batch), serving.liveness())
+                return await send(request, view.stream(batch), serving.liveness(request))
             finals = await batch.final_outputs()
         return json_response(view.body(finals))
 
