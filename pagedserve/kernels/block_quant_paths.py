@@ -4,8 +4,9 @@ The CPU's flags name the candidates: AVX-512 VNNI (with BW and VL), AVX2 with FM
 and portable C, which every machine has. A short timing at the first load (a 2048 x 2048
 Q4_1 weight at 1 and 8 rows on one thread, the candidates in turn for a few rounds, best of
 each) checks them against each other and against torch's int4 weight-only op, the kernel
-that runs these weights otherwise: the fastest wins, and where torch's op wins the kernel
-declines every weight. Two times within ``TIE`` of each other count as even (a machine shared
+that runs these weights otherwise: the fastest wins. Where torch's op wins, the kernel leaves
+it the 4-bit weights it runs (``int4_to_torch``) and keeps the fastest C path for every other
+type, so that no weight falls back to float for it. Two times within ``TIE`` of each other count as even (a machine shared
 with other work times the same code 10% apart from one call to the next), and the flags'
 order breaks the tie: VNNI, AVX2, portable, then torch's op. float32 ``F.linear`` on the same
 shape is timed and logged beside them. The choice and its reason are logged once.
@@ -37,10 +38,12 @@ TIE = 1.1
 
 @dataclass(frozen=True, slots=True)
 class PathChoice:
-    """``path`` is None where the kernel declines every weight."""
+    """``path`` is None where the kernel declines every weight; ``int4_to_torch``: it declines
+    the weights torch's int4 op runs, which timed faster."""
 
     path: str | None
     reason: str
+    int4_to_torch: bool = False
 
 
 def cpu_paths(mask: int) -> tuple[str, ...]:
@@ -88,5 +91,6 @@ def choose(setting: str, available: tuple[str, ...], time_path: Callable[[str], 
     flags = f"CPU flags allow {', '.join(LABELS[p] for p in available)}"
     torch_name, torch_seconds = next(iter(others.items()))
     if torch_name != "float32" and TIE * torch_seconds < times[LABELS[fastest]]:
-        return PathChoice(None, f"{flags}; {torch_name} timed faster ({measured})")
+        return PathChoice(fastest, f"{flags}; {torch_name} timed faster ({measured}): it runs "
+                          f"the 4-bit weights it takes, {LABELS[fastest]} the rest", True)
     return PathChoice(fastest, f"{flags}; timed fastest ({measured})")

@@ -85,27 +85,35 @@ def cpu_paths() -> tuple[str, ...]:
     return block_quant_paths.cpu_paths(library.bq_paths()) if library is not None else ()
 
 
-@functools.cache
 def chosen_path() -> str | None:
     """The path every weight prepared from now on runs (None: the kernel declines), chosen
     once per process and logged with its reason (``block_quant_paths.py``)."""
+    return choice().path
+
+
+@functools.cache
+def choice() -> block_quant_paths.PathChoice:
+    """The path and what it leaves to torch's ops, chosen once per process."""
     setting = os.environ.get(ENV, "")
     if setting.strip().lower() == "off" or _library() is None:
-        return None
+        return block_quant_paths.PathChoice(None, f"{ENV}=off" if _library() else "not built")
     threads = torch.get_num_threads()
     # On one thread: a call's compute, what tells the paths apart, without the waits of a
     # parallel region on a machine whose cores are busy with other work.
     torch.set_num_threads(1)
     try:
-        choice = block_quant_paths.choose(setting, cpu_paths(), _time_path, _time_others)
+        picked = block_quant_paths.choose(setting, cpu_paths(), _time_path, _time_others)
     finally:
         torch.set_num_threads(threads)
-    if choice.path is None:
-        logger.info("block-quant kernel declines every weight: %s", choice.reason)
+    if picked.path is None:
+        logger.info("block-quant kernel declines every weight: %s", picked.reason)
     else:
-        logger.info("block-quant kernel runs %s: %s", block_quant_paths.LABELS[choice.path],
-                    choice.reason)
-    return choice.path
+        logger.info("block-quant kernel runs %s: %s", block_quant_paths.LABELS[picked.path],
+                    picked.reason)
+    return picked
+
+
+TORCH_INT4_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K"})
 
 
 def available() -> bool:
@@ -147,8 +155,20 @@ def _runs(weight: BlockQuantWeight) -> bool:
 def _supports(weight: BlockQuantWeight | QuantizedWeight, device: torch.device) -> bool:
     if device.type != "cpu" or not available():
         return False
+    if choice().int4_to_torch and _torch_runs_int4(weight, device):
+        return False
     blocks = _as_blocks(weight)
     return blocks is not None and _runs(blocks)
+
+
+def _torch_runs_int4(weight: BlockQuantWeight | QuantizedWeight, device: torch.device) -> bool:
+    """Whether torch's int4 op takes ``weight`` as it is, or as its 4-bit GGUF blocks are
+    repacked for it (Q4_0, Q4_1, Q4_K: groups of 32 with a scale and a minimum)."""
+    from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL
+
+    if isinstance(weight, QuantizedWeight):
+        return INT4_KERNEL.supports(weight, device)
+    return all(s.name in TORCH_INT4_TYPES for s in weight.segments)
 
 
 def _prepare(weight: BlockQuantWeight | QuantizedWeight, activation_bits: int = 8,

@@ -29,6 +29,7 @@ from pagedserve.kernels.cpu_block_quant import BLOCK_QUANT_KERNEL
 from pagedserve.kernels.cpu_quantized_linear import INT4_KERNEL, INT8_KERNEL
 from pagedserve.kernels.dispatch import cpu_quantized_kernels
 from pagedserve.kernels.quantized_linear import (
+    REFERENCE,
     choose_kernel,
     dequantize,
     quantize_int4,
@@ -210,24 +211,39 @@ def test_dispatch_takes_blocks_and_float16_scaled_groups_of_32() -> None:
 
 def test_off_leaves_every_weight_to_torchs_ops(monkeypatch) -> None:
     monkeypatch.setenv(cpu_block_quant.ENV, "off")
-    cpu_block_quant.chosen_path.cache_clear()
+    cpu_block_quant.choice.cache_clear()
     try:
         w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
         assert choose_kernel(cpu_quantized_kernels(), quantize_int4(w, 32), CPU) is INT4_KERNEL
     finally:
         monkeypatch.delenv(cpu_block_quant.ENV)
-        cpu_block_quant.chosen_path.cache_clear()
+        cpu_block_quant.choice.cache_clear()
 
 
 def test_a_forced_path_is_read_once_into_each_weight(monkeypatch) -> None:
     _, weight = _weight(T.Q4_0, 16, 64, 0)
     for path in cpu_block_quant.cpu_paths():
         monkeypatch.setenv(cpu_block_quant.ENV, path)
-        cpu_block_quant.chosen_path.cache_clear()
+        cpu_block_quant.choice.cache_clear()
         state = BLOCK_QUANT_KERNEL.prepare(weight)
         monkeypatch.setenv(cpu_block_quant.ENV, "off")
         assert state.path == path and cpu_block_quant.chosen_path() == path
-    cpu_block_quant.chosen_path.cache_clear()
+    cpu_block_quant.choice.cache_clear()
+
+
+def test_where_torchs_int4_op_wins_it_takes_only_the_weights_it_runs(monkeypatch) -> None:
+    """Every other type stays with the kernel: none falls back to float."""
+    monkeypatch.setattr(cpu_block_quant, "choice", lambda: block_quant_paths.PathChoice(
+        cpu_block_quant.cpu_paths()[0], "test", int4_to_torch=True))
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
+    kernels = cpu_quantized_kernels()
+    assert choose_kernel(kernels, quantize_int4(w, 32), CPU) is INT4_KERNEL
+    for type_id in (T.Q4_0, T.Q4_1, T.Q4_K):
+        assert choose_kernel(kernels, _weight(type_id, 16, 256, 0)[1], CPU) is REFERENCE
+    for type_id in (T.Q5_K, T.Q6_K, T.Q8_0, T.Q3_K):
+        assert choose_kernel(kernels, _weight(type_id, 16, 256, 0)[1], CPU) is BLOCK_QUANT_KERNEL
+    mixed = concat_rows([_weight(T.Q4_K, 16, 256, 0)[1], _weight(T.Q6_K, 16, 256, 1)[1]])
+    assert choose_kernel(kernels, mixed, CPU) is BLOCK_QUANT_KERNEL
 
 
 def _choose(setting: str, available: tuple[str, ...], torch_us: float = 500.0):
@@ -243,8 +259,11 @@ def test_the_choice_is_the_fastest_path_and_says_why(caplog) -> None:
     assert _choose("auto", ("avx2", "portable")).path == "avx2"
     assert _choose("portable", ("vnni", "portable")).reason == (
         "forced by PAGEDSERVE_BLOCK_QUANT=portable")
-    declined = _choose("auto", ("portable",), torch_us=100.0)
-    assert declined.path is None and "torch int4 op timed faster" in declined.reason
+    shared = _choose("auto", ("avx2", "portable"), torch_us=50.0)
+    assert shared == block_quant_paths.PathChoice(
+        "avx2", "CPU flags allow AVX2, portable C; torch int4 op timed faster (AVX2 60 us, "
+                "portable C 300 us, torch int4 op 50 us, float32 1000 us): it runs the 4-bit "
+                "weights it takes, AVX2 the rest", int4_to_torch=True)
     assert _choose("off", ("vnni",)) == block_quant_paths.PathChoice(
         None, "PAGEDSERVE_BLOCK_QUANT=off")
     with caplog.at_level(logging.WARNING):
