@@ -19,14 +19,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _available() -> dict[str, tuple[str, str]]:
-    return {
-        name: spec
-        for name, spec in SUBCOMMANDS.items()
-        if importlib.util.find_spec(spec[0]) is not None
-    }
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("pagedserve")
@@ -36,7 +28,7 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = _available()
+    commands = SUBCOMMANDS  # named, not looked up: finding a module imports its package
     parser = argparse.ArgumentParser(prog="pagedserve", description=__doc__)
     parser.add_argument("--version", action="version", version=f"pagedserve {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -6,10 +6,16 @@ Q4_1 weight at 1 and 8 rows on one thread, the candidates in turn for a few roun
 each) checks them against each other and against torch's int4 weight-only op, the kernel
 that runs these weights otherwise: the fastest wins. Where torch's op wins, the kernel leaves
 it the 4-bit weights it runs (``int4_to_torch``) and keeps the fastest C path for every other
-type, so that no weight falls back to float for it. Two times within ``TIE`` of each other count as even (a machine shared
-with other work times the same code 10% apart from one call to the next), and the flags'
-order breaks the tie: VNNI, AVX2, portable, then torch's op. float32 ``F.linear`` on the same
-shape is timed and logged beside them. The choice and its reason are logged once.
+type, so that no weight falls back to float for it. Two times within ``TIE`` of each other
+count as even (a machine shared with other work times the same code 10% apart from one call to
+the next), and the flags' order breaks the tie: VNNI, AVX2, portable, then torch's op.
+float32 ``F.linear`` on the same shape is timed and logged beside them. The choice and its
+reason are logged once.
+
+A timed choice is kept beside the built library (``keep`` / ``kept``), keyed by the library
+(whose build key names the source, the flags, the compiler and the processor) and torch's
+version: later processes on the machine read it instead of timing again, about 0.3 s of every
+start-up. Deleting the file times again.
 
 ``PAGEDSERVE_BLOCK_QUANT`` (read once, at that first load): ``vnni``, ``avx2`` or
 ``portable`` forces a path (one this CPU lacks is refused with a warning, and the timing
@@ -18,10 +24,15 @@ chooses); ``off`` turns the kernel off; unset or ``auto``, the timing chooses.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +55,34 @@ class PathChoice:
     path: str | None
     reason: str
     int4_to_torch: bool = False
+
+
+def kept(file: Path, torch_version: str) -> PathChoice | None:
+    """The choice ``keep`` wrote for this torch, else None (no file, another torch, or a file
+    that does not read as one)."""
+    try:
+        data = json.loads(file.read_text())
+        if data.pop("torch") != torch_version or data["path"] not in (*PATHS, None):
+            return None
+        timed = data.pop("timed")
+        choice = PathChoice(**data)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return dataclasses.replace(choice, reason=f"{choice.reason}; timed {timed}, kept in {file}")
+
+
+def keep(file: Path, choice: PathChoice, torch_version: str) -> None:
+    """Writes ``choice`` for ``kept`` (atomically; a failure to write only costs the next
+    process a timing)."""
+    data = {**dataclasses.asdict(choice), "torch": torch_version,
+            "timed": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=file.parent, delete=False) as out:
+            json.dump(data, out)
+        os.replace(out.name, file)
+    except OSError as exc:
+        logger.debug("could not keep the block-quant path choice in %s: %s", file, exc)
 
 
 def cpu_paths(mask: int) -> tuple[str, ...]:

@@ -40,6 +40,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -97,20 +98,35 @@ def choice() -> block_quant_paths.PathChoice:
     setting = os.environ.get(ENV, "")
     if setting.strip().lower() == "off" or _library() is None:
         return block_quant_paths.PathChoice(None, f"{ENV}=off" if _library() else "not built")
-    threads = torch.get_num_threads()
-    # On one thread: a call's compute, what tells the paths apart, without the waits of a
-    # parallel region on a machine whose cores are busy with other work.
-    torch.set_num_threads(1)
-    try:
-        picked = block_quant_paths.choose(setting, cpu_paths(), _time_path, _time_others)
-    finally:
-        torch.set_num_threads(threads)
+    timed = setting.strip().lower() in ("", "auto")
+    picked = block_quant_paths.kept(_kept_file(), torch.__version__) if timed else None
+    if picked is None:
+        picked = _timed_choice(setting)
+        if timed:
+            block_quant_paths.keep(_kept_file(), picked, torch.__version__)
     if picked.path is None:
         logger.info("block-quant kernel declines every weight: %s", picked.reason)
     else:
         logger.info("block-quant kernel runs %s: %s", block_quant_paths.LABELS[picked.path],
                     picked.reason)
     return picked
+
+
+def _timed_choice(setting: str) -> block_quant_paths.PathChoice:
+    threads = torch.get_num_threads()
+    # On one thread: a call's compute, what tells the paths apart, without the waits of a
+    # parallel region on a machine whose cores are busy with other work.
+    torch.set_num_threads(1)
+    try:
+        return block_quant_paths.choose(setting, cpu_paths(), _time_path, _time_others)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _kept_file() -> Path:
+    """Beside the library, named after it (its build key included)."""
+    library = Path(_library()._name)  # type: ignore[union-attr]
+    return library.with_name(f"{library.stem}.path.json")
 
 
 TORCH_INT4_TYPES = frozenset({"Q4_0", "Q4_1", "Q4_K"})

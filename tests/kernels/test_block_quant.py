@@ -275,6 +275,22 @@ def test_the_choice_is_the_fastest_path_and_says_why(caplog) -> None:
            in caplog.text
 
 
+def test_a_timed_choice_is_kept_for_the_same_library_and_torch(tmp_path) -> None:
+    file = tmp_path / "kernels" / "block_quant-0123.path.json"
+    choice = _choose("", ("avx2", "portable"), torch_us=50.0)
+    assert block_quant_paths.kept(file, "2.13.0") is None
+    block_quant_paths.keep(file, choice, "2.13.0")
+    again = block_quant_paths.kept(file, "2.13.0")
+    assert again is not None and (again.path, again.int4_to_torch) == ("avx2", True)
+    assert again.reason.startswith(choice.reason + "; timed ")
+    assert again.reason.endswith(f", kept in {file}")
+    assert block_quant_paths.kept(file, "2.14.0") is None  # another torch times again
+    file.write_text('{"path": "sse", "reason": "", "torch": "2.13.0", "timed": ""}')
+    assert block_quant_paths.kept(file, "2.13.0") is None
+    file.write_text("{")
+    assert block_quant_paths.kept(file, "2.13.0") is None
+
+
 def test_a_build_without_the_x86_paths_runs_the_portable_one(tmp_path, monkeypatch) -> None:
     """What an ARM machine builds: the same source with the x86 paths left out."""
     if cpu_block_quant.cpu_paths() == ("portable",):

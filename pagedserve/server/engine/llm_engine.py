@@ -74,6 +74,10 @@ class LLMEngine:
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.cache_config = self._sized_cache_config(baseline)
         self._fit_max_model_len()
+        # The kernels load before the KV cache: its pages are made resident in a thread,
+        # which holds the address space's lock that each library's mapping waits for.
+        self.compile_seconds = warm_up_attention(self.model, self.cache_config.block_size,
+                                                 self.model.dtype)
         self.kv_cache = self._create_kv_cache()
         self.workers.finish_startup(self.kv_cache)
         self.scheduler = Scheduler(self.scheduler_config, self.cache_config,
@@ -90,8 +94,6 @@ class LLMEngine:
         self._observers: list[Callable[[StepStats], None]] = []
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        self.compile_seconds = warm_up_attention(self.model, self.cache_config.block_size,
-                                                 self.model.dtype)
         self.startup_seconds = time.perf_counter() - started
         logger.info("engine ready in %.1f s (kernel compilation %.1f s; --kernel-backend torch "
                     "skips it)", self.startup_seconds, self.compile_seconds)
