@@ -152,3 +152,29 @@ def test_evicted_block_is_no_longer_a_hit() -> None:
     bm.free(filler)
     again = admit(bm, make_group("c", [1, 2, 3, 4, 5], 2, BS))
     assert again.num_cached_tokens == 0
+
+
+def test_a_group_pins_every_hit_before_it_takes_a_new_block() -> None:
+    """Two waiting samples of one request (after a recompute preemption): the first one's new
+    blocks must not evict a free cached block that the second one hits. Here the second hits
+    [0, 1, 5]: 0 and 1 free (cached by "a"), 5 in use by "b", whose own copy of that prefix
+    is an unregistered duplicate; evicting 1 would cut the chain and leave 5 unbudgeted."""
+    bm = manager(10)
+    p, q, r = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]
+    a = admit(bm, make_group("a", [*p, *q, 20], 0, BS))
+    b = admit(bm, make_group("b", [*p, *q, *r, 21], 1, BS))
+    c = admit(bm, make_group("c", [*range(30, 38), 22], 2, BS))
+    assert (a.block_table, b.block_table, c.block_table) == ([0, 1, 2], [3, 4, 5, 6], [7, 8, 9])
+    for seq in (a, b, c):
+        compute_all(bm, seq)
+    for seq in (a, c):
+        seq.status = SequenceStatus.FINISHED_STOPPED
+        bm.free(seq)
+    first = Sequence(10, [*range(40, 48), 23], BS)
+    second = Sequence(11, [*p, *q, *r, 24], BS)
+    group = SequenceGroup("g", [first, second], make_group("x", [0], 0, BS).sampling_params, 0.0)
+    assert bm.can_allocate(group) is AllocStatus.OK
+    bm.allocate(group)
+    assert second.block_table[:3] == [0, 1, 5] and second.num_cached_tokens == 12
+    assert len(set(first.block_table) | set(second.block_table)) == 7
+    assert bm.device_pool.num_free_blocks == 0

@@ -112,8 +112,17 @@ class BlockManager:
             raise BlockAllocationError(
                 f"request {seq_group.request_id!r} needs {needed} free device blocks, "
                 f"{self.device_pool.num_free_blocks} are free")
-        for seq in seq_group.get_seqs(SequenceStatus.WAITING):
-            self._allocate_seq(seq, seq_group.cache_salt)
+        # Every sequence's hits are pinned before any new block is taken: a new block may
+        # evict a free cached one, and a sibling's hit evicted would cut its chain short.
+        waiting = seq_group.get_seqs(SequenceStatus.WAITING)
+        for seq in waiting:
+            if seq.block_table:
+                raise BlockAllocationError(f"sequence {seq.seq_id} already holds blocks")
+        hits = [self._find_cache_hits(seq, seq_group.cache_salt) for seq in waiting]
+        for block_id in (b for seq_hits in hits for b in seq_hits):
+            self.device_pool.incref(block_id)
+        for seq, seq_hits in zip(waiting, hits, strict=True):
+            self._allocate_seq(seq, seq_hits)
 
     def _num_free_blocks_to_admit(self, seq_group: SequenceGroup) -> int:
         # A hit on a free cached block takes it off the free queue, so it counts like a new one.
@@ -125,12 +134,8 @@ class BlockManager:
             new_blocks += self.policy.num_blocks_for(seq.num_tokens) - len(hits)
         return new_blocks + len(revived) + self._num_fork_blocks(seq_group)
 
-    def _allocate_seq(self, seq: Sequence, cache_salt: str | None) -> None:
-        if seq.block_table:
-            raise BlockAllocationError(f"sequence {seq.seq_id} already holds blocks")
-        hits = self._find_cache_hits(seq, cache_salt)
-        for block_id in hits:
-            self.device_pool.incref(block_id)
+    def _allocate_seq(self, seq: Sequence, hits: list[int]) -> None:
+        """Gives ``seq`` its ``hits`` (already referenced for it) and new blocks after them."""
         num_new = self.policy.num_blocks_for(seq.num_tokens) - len(hits)
         seq.block_table = hits + [self.device_pool.allocate() for _ in range(num_new)]
         seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
