@@ -249,16 +249,21 @@ async def run(client: AsyncOpenAI, model: str, trials: list[Trial], concurrency:
 
 
 async def run_pairs(client: AsyncOpenAI, model: str, trials: list[Trial], concurrency: int,
-                    counts: Counts | None = None) -> Counts:
+                    counts: Counts | None = None, warm: bool = True) -> Counts:
     """Each seeded trial streamed and whole, its two answers compared. Run these where
     nothing is preempted: a recomputed prompt's logits differ in their last bits from the
     ones decoded step by step, so a seeded sample may take another token after preemption
-    whichever way it is sent."""
+    whichever way it is sent. For the same reason each pair's prompt is sent once first
+    (answer unused), so that both of its requests find the same blocks in the prefix cache:
+    a prompt computed whole and one whose prefix came from the cache can also differ in
+    their last bits (``--no-warm-pairs`` measures that too)."""
     counts = Counts() if counts is None else counts
     gate = asyncio.Semaphore(concurrency)
 
     async def pair(trial: Trial) -> None:
         async with gate:
+            if warm:
+                await complete(client, trial.body(model), False)
             streamed = await complete(client, trial.body(model), True)
             whole = await complete(client, trial.body(model), False)
         counts.seeded_pairs += 1
@@ -302,6 +307,10 @@ async def main() -> int:
     parser.add_argument("--pair-concurrency", type=int, default=1,
                         help="seeded pairs in flight (few enough that nothing is preempted)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-warm-pairs", dest="warm_pairs", action="store_false",
+                        help="send each pair without first sending its prompt once")
+    parser.add_argument("--pairs-only", action="store_true",
+                        help="skip the checking phase: the seeded pairs alone")
     args = parser.parse_args()
     process = None
     if args.serve:
@@ -312,9 +321,11 @@ async def main() -> int:
                                timeout=600) as client:
             model = args.model or (await client.models.list()).data[0].id
             trials = plan(args.requests, args.seed)
-            counts = await run(client, model, trials, args.concurrency)
+            counts = (Counts() if args.pairs_only
+                      else await run(client, model, trials, args.concurrency))
             before = engine_counters(args.base_url)
-            await run_pairs(client, model, trials, args.pair_concurrency, counts)
+            await run_pairs(client, model, trials, args.pair_concurrency, counts,
+                            args.warm_pairs)
             after = engine_counters(args.base_url)
         summary = {"model": model, **counts.summary(), **before,
                    "preemptions_during_pairs": after["preemptions"] - before["preemptions"]}
