@@ -20,8 +20,11 @@ projection shapes of a Llama-3.2-1B-sized model (hidden 2048, intermediate 8192,
 bytes read per second at 1 activation row, beside a STREAM-like read probe in the same run
 (``torch.sum`` over 1 GiB, on the same threads): each weight is copied until the copies pass
 512 MiB and the calls cycle through them, so that every call reads its weight from memory,
-not from the caches. Then the q/o and down shapes' microseconds per call at ``--rows``
-(default 8 32 512) per vector path for Q4_0, Q4_1, Q4_K and Q8_0.
+not from the caches; beside the best pass through the copies, the median call's speed (on a
+shared machine a pass also holds the time slices other processes take). Then the q/o and
+down shapes' microseconds per call at ``--rows`` (default 8 32 512) per vector path for
+Q4_0, Q4_1, Q4_K and Q8_0. ``--paths`` and ``--types`` narrow the run (``--paths vnni
+--types Q4_K Q6_K Q8_0``).
 
 On a machine shared with other busy processes, ``--threads 1`` keeps OpenMP threads from
 waiting on each other (time slices of 4 ms show up as the cost of a call otherwise).
@@ -37,6 +40,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import statistics
 import time
 from collections.abc import Callable
 
@@ -124,9 +128,12 @@ def read_probe_gbs(gib: int = 1, repeats: int = 5) -> float:
     return data.numel() * 4 / seconds / 1e9
 
 
-def streamed_gbs(kernel: QuantKernel, weight: BlockQuantWeight, rows: int, repeats: int) -> float:
+def streamed_gbs(kernel: QuantKernel, weight: BlockQuantWeight, rows: int,
+                 repeats: int) -> tuple[float, float]:
     """The weight's packed bytes read per second at ``rows`` rows, cycling through copies of
-    it that together pass the caches."""
+    it that together pass the caches: over the best pass through the copies, and over the
+    median call (what a call reads between the time slices that other processes take from
+    its threads on a shared machine)."""
     state = kernel.prepare(weight)
     size = state.packed.numel()
     copies = [state] + [dataclasses.replace(state, packed=state.packed.clone())
@@ -134,32 +141,37 @@ def streamed_gbs(kernel: QuantKernel, weight: BlockQuantWeight, rows: int, repea
     x = torch.randn(rows, weight.in_features)
     for copy in copies:
         kernel.linear(x, copy, None)
-    best = float("inf")
+    best, calls = float("inf"), []
     for _ in range(repeats):
         start = time.perf_counter()
         for copy in copies:
+            called = time.perf_counter()
             kernel.linear(x, copy, None)
+            calls.append(time.perf_counter() - called)
         best = min(best, (time.perf_counter() - start) / len(copies))
-    return size / best / 1e9
+    return size / best / 1e9, size / statistics.median(calls) / 1e9
 
 
 def gemv(args: argparse.Namespace) -> dict[str, object]:
     probe = read_probe_gbs()
-    paths = cpu_block_quant.cpu_paths()
+    paths = [p for p in cpu_block_quant.cpu_paths() if not args.paths or p in args.paths]
     print(f"{torch.get_num_threads()} threads; read probe {probe:.1f} GB/s; paths "
           f"{', '.join(paths)}; packed GB/s at 1 row (share of the probe)", flush=True)
     results: dict[str, object] = {"read_probe_gbs": probe}
     for label, (out, inp) in GEMV_SHAPES.items():
-        for type_name in GEMV_TYPES:
+        for type_name in args.types or GEMV_TYPES:
             weight = random_weight(type_name, out, inp)
             speeds = {p: streamed_gbs(cpu_block_quant.with_path(p), weight, 1, args.rounds)
                       for p in paths}
-            results[f"{label} {type_name} 1"] = speeds
+            results[f"{label} {type_name} 1"] = {p: gbs for p, (gbs, _) in speeds.items()}
+            results[f"{label} {type_name} 1 median call"] = {
+                p: call for p, (_, call) in speeds.items()}
             print(f"{label:20s} {type_name:5s} 1 row: " + "  ".join(
-                f"{p} {gbs:5.1f} ({gbs / probe:.2f})" for p, gbs in speeds.items()), flush=True)
+                f"{p} {gbs:5.1f} ({gbs / probe:.2f}; median call {call:5.1f})"
+                for p, (gbs, call) in speeds.items()), flush=True)
     for label in MULTI_ROW_SHAPES:
         out, inp = GEMV_SHAPES[label]
-        for type_name in MULTI_ROW_TYPES:
+        for type_name in [t for t in MULTI_ROW_TYPES if not args.types or t in args.types]:
             weight = random_weight(type_name, out, inp)
             kernels = {p: cpu_block_quant.with_path(p) for p in paths if p != "portable"}
             states = {p: k.prepare(weight) for p, k in kernels.items()}
@@ -184,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="default: torch's")
     parser.add_argument("--gemv", action="store_true",
                         help="1B shapes: GB/s at 1 row per type and path, beside a read probe")
+    parser.add_argument("--paths", nargs="+", default=None,
+                        help="--gemv: only these dot-product paths (default: all this CPU has)")
+    parser.add_argument("--types", nargs="+", default=None,
+                        help="--gemv: only these GGUF types")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

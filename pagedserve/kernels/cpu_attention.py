@@ -83,9 +83,33 @@ class _StepLayout:
                num_kv_heads: int, threads: int) -> bool:
         # Equal contents, not the same tensors: a caller may rewrite its tensors in place.
         return (self.block_size == block_size and self.threads == threads
-                and self.num_kv_heads == num_kv_heads
-                and seq_lens.shape == self.lens.shape and block_tables.shape == self.tables.shape
-                and torch.equal(seq_lens, self.lens) and torch.equal(block_tables, self.tables))
+                and self.num_kv_heads == num_kv_heads and _same_contents(seq_lens, self.lens)
+                and _same_contents(block_tables, self.tables))
+
+
+@functools.cache
+def _memcmp():
+    """The C library's memcmp, or None where the process has no C library to name."""
+    try:
+        function = ctypes.CDLL(None).memcmp
+    except (OSError, AttributeError, TypeError):
+        return None
+    function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _same_contents(given: torch.Tensor, kept: torch.Tensor) -> bool:
+    """Whether ``given`` holds ``kept``'s values (an int32 contiguous copy): byte for byte where
+    ``given`` is laid out alike (what the engine passes: a few times cheaper than
+    ``torch.equal`` on a step's small tables, which every layer compares), else by value."""
+    if given.shape != kept.shape:
+        return False
+    memcmp = _memcmp()
+    if (memcmp is not None and given.dtype is torch.int32 and given.is_cpu
+            and given.is_contiguous()):
+        return memcmp(given.data_ptr(), kept.data_ptr(), 4 * kept.numel()) == 0
+    return torch.equal(given, kept)
 
 
 # The last step's layout: a model's layers all pass the same tables and lengths in one step.
@@ -160,7 +184,7 @@ def paged_attention_decode(
 
 
 # The shapes last checked by attention.check_decode, which every layer of a step would repeat.
-_checked_shapes: list[tuple[torch.Size, ...] | None] = [None]
+_checked_shapes: list[tuple[tuple[int, ...], ...] | None] = [None]
 
 
 def rotary_cache_decode(
@@ -192,11 +216,11 @@ def rotary_cache_decode(
             and cos.shape == (num_seqs, head_dim // 2) and slot_mapping.shape == (num_seqs,)):
         return _composed_decode(qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache,
                                 slot_mapping, block_tables, seq_lens, scale)
-    query = qkv[:, : num_heads * head_dim].view(num_seqs, num_heads, head_dim)
-    shapes = (query.shape, key_cache.shape, value_cache.shape, block_tables.shape,
-              seq_lens.shape)
+    shapes = ((num_seqs, num_heads, head_dim), key_cache.shape, value_cache.shape,
+              block_tables.shape, seq_lens.shape)
     if shapes != _checked_shapes[0] or not (key_cache.is_cpu and value_cache.is_cpu
                                             and block_tables.is_cpu and seq_lens.is_cpu):
+        query = qkv[:, : num_heads * head_dim].view(num_seqs, num_heads, head_dim)
         attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
         _checked_shapes[0] = shapes
     if not (key_cache.is_contiguous() and value_cache.is_contiguous()):

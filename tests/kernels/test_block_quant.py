@@ -181,6 +181,28 @@ def test_row_segments_of_different_types_run_in_one_call(path) -> None:
     assert torch.equal(kernel.lookup(fused, ids, torch.float32), table[ids])
 
 
+@pytest.mark.parametrize("rows", [1, 70])
+def test_any_number_of_threads_writes_what_one_thread_writes(path, rows) -> None:
+    # More threads than cores and than chunks of groups: every chunk is run once, whoever
+    # takes it (a thread's own run from the front, another's from the back).
+    parts = [_weight(T.Q4_K, 150, 256, 6), _weight(T.Q6_K, 40, 256, 7), _weight(T.Q8_0, 9, 256, 8)]
+    state = cpu_block_quant.with_path(path).prepare(concat_rows([w for _, w in parts]))
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(9))
+    library = cpu_block_quant._library()
+    path_id = block_quant_paths.PATHS.index(path)
+
+    def run(threads: int) -> torch.Tensor:
+        y = torch.full((rows, state.out_features), float("nan"))
+        library.bq_linear(x.data_ptr(), x.stride(0), rows, *state.call_args, y.data_ptr(),
+                          state.out_features, threads, path_id, state.activation_bits)
+        return y
+
+    one = run(1)
+    assert not one.isnan().any()
+    for threads in (2, 3, 7):
+        assert torch.equal(run(threads), one)
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_packed_bytes_stay_near_the_files(qtype) -> None:
     raw, weight = _weight(qtype, 64, 2048, 0)

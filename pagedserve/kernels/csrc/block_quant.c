@@ -8,13 +8,17 @@
  * AVX-512 VNNI (bq_vnni.h), AVX2 + FMA (bq_avx2.h) and portable C (bq_portable.h).
  * bq_paths() says which ones this CPU runs.
  *
- * Each thread takes a run of output groups and, for each, every row of x in tiles of up to 8:
- * the group's codes stay in L1 while the rows read them, so a weight is read from memory once
- * per call (once per CHUNK_ROWS rows for a long prefill).
+ * Each thread takes chunks of output groups (bq_schedule.h) and, for each group, every row of
+ * x in tiles of up to 8: the group's codes stay in L1 while the rows read them, so a weight is
+ * read from memory once per call (once per CHUNK_ROWS rows for a long prefill).
  */
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "bq_float16.h"
+#include "bq_schedule.h"
 
 #define CHUNK_ROWS 64
 
@@ -170,16 +174,58 @@ typedef struct {
     int64_t rows, col, first_group;
 } segment_run;
 
+/* The activations' buffers: kept from call to call on the calling thread (one allocation,
+ * grown as needed) up to KEEP_BYTES, so that a decode step's many calls do not each allocate
+ * five buffers; a larger prefill allocates its own for the call. */
+#define KEEP_BYTES (8 << 20)
+static __thread void *kept;
+static __thread size_t kept_bytes;
+
+static void *acts_buffer(size_t bytes, void **owned) {
+    *owned = NULL;
+    if (bytes > KEEP_BYTES) return *owned = malloc(bytes);
+    if (bytes > kept_bytes) {
+        free(kept);
+        kept = malloc(KEEP_BYTES < 2 * bytes ? KEEP_BYTES : 2 * bytes);
+        kept_bytes = kept != NULL ? (KEEP_BYTES < 2 * bytes ? KEEP_BYTES : 2 * bytes) : 0;
+    }
+    return kept;
+}
+
+/* Group chunks per thread: enough that a thread held off its core leaves little for the
+ * others to wait on, few enough that taking one costs nothing against its reads. */
+#define ITEMS_PER_THREAD 16
+
+/* Writes group g of run `run` for rows [r0, r_end) of y. */
+static void group_rows(const segment_run *run, const bq_acts *xa, int64_t g, int64_t r0,
+                       int64_t r_end, float *y, int64_t y_stride) {
+    const int64_t left = run->rows - g * BQ_GROUP;
+    const int64_t width = left < BQ_GROUP ? left : BQ_GROUP;
+    for (; r0 < r_end; r0 += BQ_TILE_ROWS) {
+        const int64_t left_rows = r_end - r0;
+        const int nr = (int)(left_rows < BQ_TILE_ROWS ? left_rows : BQ_TILE_ROWS);
+        float out[BQ_TILE_ROWS][BQ_GROUP];
+        run->tile(&run->seg, xa, g, r0, nr, out);
+        for (int r = 0; r < nr; r++)
+            memcpy(y + (r0 + r) * y_stride + run->col + g * BQ_GROUP, out[r],
+                   (size_t)width * sizeof(float));
+    }
+}
+
 /* y [rows, n] (row stride y_stride) = x [rows, k] (row stride x_stride) times the weight^T.
  * The weight is nseg row segments: segs[4 s ..] = (type, rows, byte offset into packed,
  * first column of y), each packed for k_pad inputs (k rounded up to whole blocks). path:
- * enum bq_path (one bq_paths() has); act_bits 8 or 16. */
+ * enum bq_path (one bq_paths() has); act_bits 8 or 16.
+ *
+ * The work items are (chunk of CHUNK_ROWS rows, chunk of groups), row chunks outermost, shared
+ * out as bq_schedule.h says. */
 void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
                const uint8_t *packed, const int64_t *segs, int64_t nseg, float *y,
                int64_t y_stride, int64_t threads, int64_t path, int64_t act_bits) {
     const int64_t blocks = k_pad / BQ_TILE;
     const int wide = act_bits == 16;
-    segment_run *runs = malloc((size_t)nseg * sizeof *runs);
+    segment_run few[8];
+    segment_run *runs = nseg <= 8 ? few : malloc((size_t)nseg * sizeof *runs);
     int64_t groups = 0;
     int quantized = 0; /* whether any segment reads quantized activations */
     for (int64_t i = 0; i < nseg; i++) {
@@ -189,12 +235,24 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
                                 pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
         groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
     }
-    int8_t *qa = wide ? NULL : malloc((size_t)(rows * k_pad));
-    int16_t *qa16 = wide ? malloc((size_t)(rows * k_pad) * sizeof(int16_t)) : NULL;
-    float *da = malloc((size_t)(rows * blocks) * sizeof(float));
-    float *sx = malloc((size_t)(rows * blocks) * sizeof(float));
-    int32_t *s16 = malloc((size_t)(rows * blocks * 2) * sizeof(int32_t));
-    const bq_acts xa = {qa, qa16, da, s16, sx, blocks, x, x_stride};
+    /* qa (int8 or int16 codes), then da, sx and s16 (4-byte values) */
+    const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
+    const size_t codes_at = (code_bytes + 63) / 64 * 64;
+    void *owned;
+    uint8_t *buf = acts_buffer(codes_at + (size_t)(rows * blocks) * 16, &owned);
+    float *da = (float *)(buf + codes_at);
+    float *sx = da + rows * blocks;
+    int32_t *s16 = (int32_t *)(sx + rows * blocks);
+    const bq_acts xa = {wide ? NULL : (int8_t *)buf, wide ? (int16_t *)buf : NULL, da, s16, sx,
+                        blocks, x, x_stride};
+    if (threads < 1) threads = 1;
+    if (threads > BQ_MAX_RUNS) threads = BQ_MAX_RUNS;
+    int64_t per_item = groups / (threads * ITEMS_PER_THREAD);
+    if (per_item < 1) per_item = 1;
+    const int64_t group_items = (groups + per_item - 1) / per_item;
+    const int64_t row_chunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    bq_run spans[BQ_MAX_RUNS];
+    bq_runs_init(spans, (int)threads, row_chunks * group_items);
     /* A few rows (a decode step) are quantized before the threads start: a barrier between
      * the two phases costs a time slice whenever another process holds a core. */
     const int split = quantized && rows >= CHUNK_ROWS;
@@ -206,33 +264,24 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
         }
-        for (int64_t chunk = 0; chunk < rows; chunk += CHUNK_ROWS) {
+        int self = 0;
+#ifdef _OPENMP
+        self = omp_get_thread_num();
+#endif
+        int64_t i = 0; /* the segment of the last group, where the next one search starts */
+        for (int64_t item; (item = bq_next_item(spans, (int)threads, self)) >= 0;) {
+            const int64_t chunk = item / group_items * CHUNK_ROWS;
             const int64_t chunk_end = chunk + CHUNK_ROWS < rows ? chunk + CHUNK_ROWS : rows;
-            int64_t i = 0;
-#pragma omp for schedule(static) nowait
-            for (int64_t gi = 0; gi < groups; gi++) {
+            const int64_t first = item % group_items * per_item;
+            const int64_t last = first + per_item < groups ? first + per_item : groups;
+            for (int64_t gi = first; gi < last; gi++) {
                 while (i + 1 < nseg && gi >= runs[i + 1].first_group) i++;
                 while (i > 0 && gi < runs[i].first_group) i--;
-                const segment_run *run = &runs[i];
-                const int64_t g = gi - run->first_group;
-                const int64_t left = run->rows - g * BQ_GROUP;
-                const int64_t width = left < BQ_GROUP ? left : BQ_GROUP;
-                for (int64_t r0 = chunk; r0 < chunk_end; r0 += BQ_TILE_ROWS) {
-                    const int64_t left_rows = chunk_end - r0;
-                    const int nr = (int)(left_rows < BQ_TILE_ROWS ? left_rows : BQ_TILE_ROWS);
-                    float out[BQ_TILE_ROWS][BQ_GROUP];
-                    run->tile(&run->seg, &xa, g, r0, nr, out);
-                    for (int r = 0; r < nr; r++)
-                        memcpy(y + (r0 + r) * y_stride + run->col + g * BQ_GROUP, out[r],
-                               (size_t)width * sizeof(float));
-                }
+                group_rows(&runs[i], &xa, gi - runs[i].first_group, chunk, chunk_end, y,
+                           y_stride);
             }
         }
     }
-    free(runs);
-    free(qa);
-    free(qa16);
-    free(da);
-    free(sx);
-    free(s16);
+    if (runs != few) free(runs);
+    free(owned);
 }
