@@ -7,7 +7,8 @@ server's memory and its start-up time beside the throughput.
 2. For each file (random Llama-3.2-1B-shaped Q4_K_M and Q8_0 made by llama.cpp's converter
    and ``llama-quantize``: ``gguf_presets.make_files``) and each server (``vs_peers_gguf.py`` starts
    them: pagedserve with its defaults, pagedserve with the block-quant kernel's AVX2 path
-   forced, ``PAGEDSERVE_BLOCK_QUANT=avx2``, and llama-server with its defaults, ``-np`` = the
+   forced, ``PAGEDSERVE_BLOCK_QUANT=avx2``, or its AVX-VNNI path, ``=avxvnni`` (what a CPU
+   without AVX-512 runs), and llama-server with its defaults, ``-np`` = the
    concurrency): 128 prompt tokens and 128 output tokens (``--ignore-eos``) at 1, 8 and 32
    streams through ``vllm bench serve`` when installed, else ``pagedserve bench``: output
    tok/s, mean TTFT and TPOT.
@@ -19,7 +20,7 @@ server's memory and its start-up time beside the throughput.
    the one-stream run, against the goal of file + KV cache + 400 MiB.
 
     python -m benchmarks.single_stream --llama-server PATH [--quick] [--rounds 1]
-        [--files Q4_K_M,Q8_0] [--servers pagedserve,pagedserve_avx2,llama_cpp]
+        [--files Q4_K_M,Q8_0] [--servers pagedserve,pagedserve_avxvnni,pagedserve_avx2,llama_cpp]
         [--concurrency 1,8,32] [--gguf FILE ...]
 
 ``--quick``: the Q4_K_M file, 32 output tokens, 1 and 8 streams, one prompt per stream.
@@ -52,7 +53,8 @@ from benchmarks.vs_peers_gguf import (
     pagedserve_gguf_server,
 )
 
-SERVERS = ("pagedserve", "pagedserve_avx2", "llama_cpp")
+SERVERS = ("pagedserve", "pagedserve_avxvnni", "pagedserve_avx2", "llama_cpp")
+FORCED_PATHS = {"pagedserve_avx2": "avx2", "pagedserve_avxvnni": "avxvnni"}
 # The block-quant kernel's path, forced (pagedserve.kernels.cpu_block_quant).
 BLOCK_QUANT_ENV = "PAGEDSERVE_BLOCK_QUANT"
 MiB = 1 << 20
@@ -139,9 +141,10 @@ def servers_for(name: str, model: Path, port: int, w: Workload, work: Path, thre
         return llama_default_server(llama, model, port, w, work, threads)
     server = pagedserve_gguf_server(model, port, work, PAGEDSERVE_MODES["pagedserve_gguf"],
                                     threads)
-    if name == "pagedserve_avx2":
-        server = replace(server, name="pagedserve avx2", env={BLOCK_QUANT_ENV: "avx2"},
-                         log=work / "pagedserve-avx2.log")
+    if name in FORCED_PATHS:
+        path = FORCED_PATHS[name]
+        server = replace(server, name=f"pagedserve {path}", env={BLOCK_QUANT_ENV: path},
+                         log=work / f"pagedserve-{path}.log")
     return server
 
 

@@ -268,8 +268,9 @@ def test_where_torchs_int4_op_wins_it_takes_only_the_weights_it_runs(monkeypatch
     assert choose_kernel(kernels, mixed, CPU) is BLOCK_QUANT_KERNEL
 
 
-def _choose(setting: str, available: tuple[str, ...], torch_us: float = 500.0):
-    times = {"vnni": 40e-6, "avx2": 60e-6, "portable": 300e-6}
+def _choose(setting: str, available: tuple[str, ...], torch_us: float = 500.0,
+            times: dict[str, float] | None = None):
+    times = times or {"vnni": 40e-6, "avxvnni": 48e-6, "avx2": 60e-6, "portable": 300e-6}
     return block_quant_paths.choose(setting, available, times.__getitem__,
                                     lambda: {"torch int4 op": torch_us * 1e-6, "float32": 1e-3})
 
@@ -279,6 +280,14 @@ def test_the_choice_is_the_fastest_path_and_says_why(caplog) -> None:
         "vnni", "CPU flags allow AVX-512 VNNI, AVX2, portable C; timed fastest (AVX-512 VNNI "
                 "40 us, AVX2 60 us, portable C 300 us, torch int4 op 500 us, float32 1000 us)")
     assert _choose("auto", ("avx2", "portable")).path == "avx2"
+    assert _choose("", ("avxvnni", "avx2", "portable")) == block_quant_paths.PathChoice(
+        "avxvnni", "CPU flags allow AVX-VNNI, AVX2, portable C; timed fastest (AVX-VNNI 48 us, "
+                   "AVX2 60 us, portable C 300 us, torch int4 op 500 us, float32 1000 us)")
+    # within TIE of each other, the flags' order decides: AVX-512 VNNI before AVX-VNNI
+    close = {"vnni": 42e-6, "avxvnni": 40e-6, "avx2": 60e-6, "portable": 300e-6}
+    assert _choose("", ("vnni", "avxvnni", "avx2"), times=close).path == "vnni"
+    assert _choose("avxvnni", ("vnni", "avxvnni", "avx2")).reason == (
+        "forced by PAGEDSERVE_BLOCK_QUANT=avxvnni")
     assert _choose("portable", ("vnni", "portable")).reason == (
         "forced by PAGEDSERVE_BLOCK_QUANT=portable")
     shared = _choose("auto", ("avx2", "portable"), torch_us=50.0)
@@ -293,7 +302,8 @@ def test_the_choice_is_the_fastest_path_and_says_why(caplog) -> None:
         assert _choose("sse", ("portable",)).path == "portable"
     assert "PAGEDSERVE_BLOCK_QUANT=vnni: this CPU has no AVX-512 VNNI (it has AVX2, " \
            "portable C); choosing by timing" in caplog.text
-    assert "PAGEDSERVE_BLOCK_QUANT='sse' is not one of off, auto, portable, avx2, vnni" \
+    assert "PAGEDSERVE_BLOCK_QUANT='sse' is not one of off, auto, portable, avx2, avxvnni, " \
+           "vnni" \
            in caplog.text
 
 

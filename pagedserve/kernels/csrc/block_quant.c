@@ -3,9 +3,10 @@
  * segments of any of the types, each segment writing its slice of y's columns, all in one
  * OpenMP region on torch's threads.
  *
- * Three dot-product paths are compiled into this one library, each function carrying its own
+ * Four dot-product paths are compiled into this one library, each function carrying its own
  * target attributes, so that each can be forced (and tested) on any machine that has it:
- * AVX-512 VNNI (bq_vnni.h), AVX2 + FMA (bq_avx2.h) and portable C (bq_portable.h).
+ * AVX-512 VNNI (bq_vnni.h), AVX-VNNI and AVX2 + FMA (bq_avx2.h) and portable C
+ * (bq_portable.h).
  * bq_paths() says which ones this CPU runs.
  *
  * Each thread takes chunks of output groups (bq_schedule.h) and, for each group, every row of
@@ -22,7 +23,17 @@
 
 #define CHUNK_ROWS 64
 
-enum bq_path { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_VNNI = 2 };
+enum bq_path { PATH_PORTABLE = 0, PATH_AVX2 = 1, PATH_AVX_VNNI = 2, PATH_VNNI = 3 };
+
+#if BQ_X86
+#include <cpuid.h>
+
+/* AVX-VNNI (the VEX-encoded vpdpbusd): CPUID leaf 7, sub-leaf 1, EAX bit 4. */
+static int has_avx_vnni(void) {
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 4 & 1);
+}
+#endif
 
 /* Bit p set where this CPU runs path p. */
 int64_t bq_paths(void) {
@@ -32,6 +43,7 @@ int64_t bq_paths(void) {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c"))
         paths |= 1 << PATH_AVX2;
+    if ((paths >> PATH_AVX2 & 1) && has_avx_vnni()) paths |= 1 << PATH_AVX_VNNI;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
         __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
@@ -160,9 +172,11 @@ static tile_fn pick_tile(int64_t path, const bq_layout *L, int wide) {
     const int bf16 = L->codes == C_BF16;
 #if BQ_X86
     if (path == PATH_VNNI && bq_is_float16(L)) return bf16 ? avx512_16_1 : avx512_16_0;
-    if (path == PATH_AVX2 && bq_is_float16(L)) return bf16 ? avx2_16_1 : avx2_16_0;
+    if ((path == PATH_AVX2 || path == PATH_AVX_VNNI) && bq_is_float16(L))
+        return bf16 ? avx2_16_1 : avx2_16_0;
+    if (path == PATH_AVX_VNNI && !wide) return AVXVNNI_TILES[L - BQ_LAYOUTS];
     if (path == PATH_VNNI) return VNNI_TILES[L - BQ_LAYOUTS][wide];
-    if (path == PATH_AVX2) return AVX2_TILES[L - BQ_LAYOUTS][wide];
+    if (path == PATH_AVX2 || path == PATH_AVX_VNNI) return AVX2_TILES[L - BQ_LAYOUTS][wide];
 #endif
     (void)path, (void)wide, (void)bf16;
     return bq_is_float16(L) ? tile16_portable : tile_portable;

@@ -5,7 +5,11 @@
  * saturate, then madd by ones adds the pairs into each output's int32. 8-bit codes would
  * saturate maddubs (255 x 127 x 2), so Q8_0 and the IQ4 codebook are decoded signed (their
  * offset applied) and multiplied as |q| times the activation carrying q's sign. With int16
- * activations the codes widen to 16 bits and madd takes 2 inputs a lane. */
+ * activations the codes widen to 16 bits and madd takes 2 inputs a lane.
+ *
+ * The AVX-VNNI path (Intel's client cores since Alder Lake, AMD's since Zen 5: VNNI without
+ * AVX-512) is the same loop with one vpdpbusd in place of maddubs, the 16-bit sum and madd:
+ * it adds the 4 products of each lane into its int32 at once, so nothing can saturate. */
 #ifndef PAGEDSERVE_BQ_AVX2_H
 #define PAGEDSERVE_BQ_AVX2_H
 
@@ -20,6 +24,15 @@ BQ_INLINE BQ_AVX2 __m256i avx2_bits(__m256i v, int from, int to, int mask) {
     if (from > to) v = _mm256_srli_epi16(v, from - to);
     if (from < to) v = _mm256_slli_epi16(v, to - from);
     return _mm256_and_si256(v, _mm256_set1_epi8((char)mask));
+}
+
+/* acc += the 4 products of u's unsigned bytes and a's signed bytes in each int32 lane:
+ * AVX-VNNI's vpdpbusd. It is written in assembly so that it can sit in this AVX2 code (a
+ * function compiled for the avxvnni target could not be inlined into it); only the AVX-VNNI
+ * path, which bq_paths() offers where the CPU has it, reaches it. */
+BQ_INLINE BQ_AVX2 __m256i avxvnni_dot(__m256i acc, __m256i u, __m256i a) {
+    __asm__("%{vex%} vpdpbusd %t2, %t1, %t0" : "+x"(acc) : "x"(u), "x"(a));
+    return acc;
 }
 
 BQ_INLINE BQ_AVX2 __m256i avx2_load(const uint8_t *p) {
@@ -106,14 +119,21 @@ BQ_INLINE BQ_AVX2 void avx2_dot16(__m256i u, int is_signed, const int16_t *a, __
 
 static inline __attribute__((always_inline)) BQ_AVX2 void
 avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int nr,
-          float (*out)[BQ_GROUP], const int li, const int wide) {
+          float (*out)[BQ_GROUP], const int li, const int wide, const int vnni) {
     const bq_layout *L = &BQ_LAYOUTS[li];
     const int codes = L->codes;
     const int halves = (codes == C_NIB_HI2 || codes == C_LO2 || codes == C_LO2_HI1) ? 2 : 1;
     const int is_signed = codes == C_BYTES || codes == C_BOOK;
     const int offset = is_signed ? 0 : L->offset;
-    /* chunks whose maddubs pairs sum within int16: 2 x 127 x the largest code */
-    const int span = is_signed ? 1 : codes == C_NIB_HI2 ? 2 : codes == C_NIB_HI1 ? 4 : 8 / halves;
+    /* chunks whose maddubs pairs sum within int16: 2 x 127 x the largest code (vpdpbusd
+     * sums in int32: a whole half at once) */
+    const int span = vnni        ? 8 / halves
+                     : is_signed ? 1
+                     : codes == C_NIB_HI2 ? 2
+                     : codes == C_NIB_HI1 ? 4 : 8 / halves;
+    /* one or two rows: the chunks in 4 / nr vpdpbusd chains (each a few cycles deep), so
+     * that one row's products are not one chain of dependent instructions */
+    const int chains = vnni && !wide && nr <= 2 ? 4 / nr : 1;
     const __m256i ones = _mm256_set1_epi16(1);
     for (int x = 0; x < 2; x++) {
         __m256 acc[AVX2_ROWS];
@@ -122,8 +142,11 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
             const uint8_t *tile = bq_tile(s, g, t);
             if (x == 0) bq_prefetch(s, g, t);
             for (int h = 0; h < halves; h++) {
-                __m256i dot[AVX2_ROWS], hi[AVX2_ROWS];
-                for (int r = 0; r < nr; r++) dot[r] = hi[r] = _mm256_setzero_si256();
+                __m256i dot[AVX2_ROWS], hi[AVX2_ROWS], more[AVX2_ROWS][4];
+                for (int r = 0; r < nr; r++) {
+                    dot[r] = hi[r] = _mm256_setzero_si256();
+                    for (int i = 1; i < chains; i++) more[r][i] = _mm256_setzero_si256();
+                }
 #pragma GCC unroll 8
                 for (int c0 = h * 8 / halves; c0 < (h + 1) * 8 / halves; c0 += span) {
                     __m256i sum16[AVX2_ROWS];
@@ -141,10 +164,13 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                             }
                             __m256i a = _mm256_set1_epi32(load_i32(xa->qa + blk * BQ_TILE + 4 * c));
                             if (is_signed) a = _mm256_sign_epi8(a, u);
-                            sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(mag, a));
+                            if (chains > 1 && c % chains)
+                                more[r][c % chains] = avxvnni_dot(more[r][c % chains], mag, a);
+                            else if (vnni) dot[r] = avxvnni_dot(dot[r], mag, a);
+                            else sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(mag, a));
                         }
                     }
-                    if (!wide)
+                    if (!wide && !vnni)
                         for (int r = 0; r < nr; r++)
                             dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sum16[r], ones));
                 }
@@ -152,6 +178,7 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 avx2_scales(L, s, g, t, h, x, &D, &M);
                 for (int r = 0; r < nr; r++) {
                     __m256i d = dot[r];
+                    for (int i = 1; i < chains; i++) d = _mm256_add_epi32(d, more[r][i]);
                     if (wide) /* (output, pair) lanes -> outputs 0-7 */
                         d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
                     acc[r] = avx2_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t,
@@ -164,21 +191,26 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
 }
 
 BQ_INLINE BQ_AVX2 void avx2_rows(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0,
-                                 int nr, float (*out)[BQ_GROUP], const int li, const int wide) {
+                                 int nr, float (*out)[BQ_GROUP], const int li, const int wide,
+                                 const int vnni) {
     int at = 0;
-    while (nr - at >= 4) { avx2_tile(s, xa, g, r0 + at, 4, out + at, li, wide); at += 4; }
-    if (nr - at >= 2) { avx2_tile(s, xa, g, r0 + at, 2, out + at, li, wide); at += 2; }
-    if (nr - at >= 1) avx2_tile(s, xa, g, r0 + at, 1, out + at, li, wide);
+    while (nr - at >= 4) { avx2_tile(s, xa, g, r0 + at, 4, out + at, li, wide, vnni); at += 4; }
+    if (nr - at >= 2) { avx2_tile(s, xa, g, r0 + at, 2, out + at, li, wide, vnni); at += 2; }
+    if (nr - at >= 1) avx2_tile(s, xa, g, r0 + at, 1, out + at, li, wide, vnni);
 }
 
 #define AVX2_TYPE(li)                                                                           \
     static BQ_AVX2 void avx2_##li##_0(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, \
                                       int nr, float (*out)[BQ_GROUP]) {                         \
-        avx2_rows(s, xa, g, r0, nr, out, li, 0);                                                \
+        avx2_rows(s, xa, g, r0, nr, out, li, 0, 0);                                             \
     }                                                                                           \
     static BQ_AVX2 void avx2_##li##_1(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, \
                                       int nr, float (*out)[BQ_GROUP]) {                         \
-        avx2_rows(s, xa, g, r0, nr, out, li, 1);                                                \
+        avx2_rows(s, xa, g, r0, nr, out, li, 1, 0);                                             \
+    }                                                                                           \
+    static BQ_AVX2 void avxvnni_##li(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0,  \
+                                     int nr, float (*out)[BQ_GROUP]) {                          \
+        avx2_rows(s, xa, g, r0, nr, out, li, 0, 1);                                             \
     }
 AVX2_TYPE(0) AVX2_TYPE(1) AVX2_TYPE(2) AVX2_TYPE(3) AVX2_TYPE(4) AVX2_TYPE(5)
 AVX2_TYPE(6) AVX2_TYPE(7) AVX2_TYPE(8) AVX2_TYPE(9) AVX2_TYPE(10) AVX2_TYPE(11)
@@ -187,6 +219,12 @@ static const bq_tile_fn AVX2_TILES[12][2] = {
     {avx2_0_0, avx2_0_1}, {avx2_1_0, avx2_1_1}, {avx2_2_0, avx2_2_1}, {avx2_3_0, avx2_3_1},
     {avx2_4_0, avx2_4_1}, {avx2_5_0, avx2_5_1}, {avx2_6_0, avx2_6_1}, {avx2_7_0, avx2_7_1},
     {avx2_8_0, avx2_8_1}, {avx2_9_0, avx2_9_1}, {avx2_10_0, avx2_10_1}, {avx2_11_0, avx2_11_1},
+};
+
+/* The AVX-VNNI path's int8-activation tiles (its int16 ones are AVX2's). */
+static const bq_tile_fn AVXVNNI_TILES[12] = {
+    avxvnni_0, avxvnni_1, avxvnni_2, avxvnni_3, avxvnni_4,  avxvnni_5,
+    avxvnni_6, avxvnni_7, avxvnni_8, avxvnni_9, avxvnni_10, avxvnni_11,
 };
 
 #endif
