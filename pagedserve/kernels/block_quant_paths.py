@@ -1,15 +1,16 @@
 """Which dot-product path the block-quant kernel runs on this CPU, chosen once per process.
 
 The CPU's flags name the candidates: AVX-512 VNNI (with BW and VL), AVX-VNNI (the same dot
-product on 256-bit registers, on cores without AVX-512: Intel's since Alder Lake, AMD's since
-Zen 5), AVX2 with FMA and F16C, and portable C, which every machine has. A short timing at the first load (a 2048 x 2048
-Q4_1 weight at 1 and 8 rows on one thread, the candidates in turn for a few rounds, best of
-each) checks them against each other and against torch's int4 weight-only op, the kernel
-that runs these weights otherwise: the fastest wins. Where torch's op wins, the kernel leaves
-it the 4-bit weights it runs (``int4_to_torch``) and keeps the fastest C path for every other
-type, so that no weight falls back to float for it. Two times within ``TIE`` of each other
-count as even (a machine shared with other work times the same code 10% apart from one call to
-the next), and the flags' order breaks the tie: AVX-512 VNNI, AVX-VNNI, AVX2, portable, then torch's op.
+product on 256-bit registers, on cores without AVX-512: Intel's since Alder Lake, AMD's
+since Zen 5), AVX2 with FMA and F16C, and portable C, which every machine has. A short
+timing at the first load (a 2048 x 2048 Q4_1 weight at 1 and 8 rows on one thread, the
+candidates in turn for a few rounds, best of each) checks them against each other and
+against torch's int4 weight-only op, the kernel that runs these weights otherwise: the
+fastest wins. Where torch's op wins, the kernel leaves it the 4-bit weights it runs
+(``int4_to_torch``) and keeps the fastest C path for every other type, so that no weight
+falls back to float for it. Two times within ``TIE`` of each other count as even (a machine
+shared with other work times the same code 10% apart from one call to the next), and the
+flags' order breaks the tie: AVX-512 VNNI, AVX-VNNI, AVX2, portable, then torch's op.
 float32 ``F.linear`` on the same shape is timed and logged beside them. The choice and its
 reason are logged once.
 

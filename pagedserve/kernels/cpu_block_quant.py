@@ -22,8 +22,8 @@ sub-block, activation block), the scales applied in float32 (``csrc/bq_kernel.h`
   each output from the float32 product of the dequantized weight, about twice the compute.
 
 The dot products run on one of four paths compiled into the one library (AVX-512 VNNI,
-AVX-VNNI, AVX2 + FMA, portable C; each thread streams its run of output groups once per call, the next
-2 KiB prefetched), chosen once per process from the CPU's flags and a short timing
+AVX-VNNI, AVX2 + FMA, portable C; each thread streams its run of output groups once per
+call, the next 2 KiB prefetched), chosen once per process from the CPU's flags and a short timing
 (``block_quant_paths.py``, which also reads ``PAGEDSERVE_BLOCK_QUANT``); each prepared
 weight carries its path, so a test can run every path the machine has (:func:`with_path`).
 Without a C compiler, or where torch's int4 op times faster, or with
