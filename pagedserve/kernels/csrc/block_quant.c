@@ -117,6 +117,20 @@ static float round_f16(float d) {
     return out > 65504.0f ? 65504.0f : out;
 }
 
+/* Row r's block b, already quantized (codes at q), into the tiled activations. */
+static void tile_block(const bq_acts *xa, const int8_t *q, int64_t r, int64_t b) {
+    bq_tiled *T = (bq_tiled *)xa->tiled + (r / BQ_TILE_ROWS) * xa->blocks + b;
+    const int i = (int)(r % BQ_TILE_ROWS);
+    const int64_t blk = r * xa->blocks + b;
+    for (int c = 0; c < BQ_TILE / 4; c++) memcpy(T->codes[c][i], q + 4 * c, 4);
+    T->da[i] = xa->da[blk];
+    T->sum[0][i] = xa->s16[2 * blk];
+    T->sum[1][i] = xa->s16[2 * blk + 1];
+    T->sum[2][i] = xa->s16[2 * blk] + xa->s16[2 * blk + 1];
+    for (int h = 0; h < 3; h++) T->min[h][i] = xa->da[blk] * (float)T->sum[h][i];
+    T->sx[i] = xa->sx[blk];
+}
+
 /* Row r of x into the activations (module doc of bq_kernel.h). rintf rounds half to even
  * (the default rounding mode) and vectorises; the clones for AVX2 and AVX-512 compute the
  * same values as the baseline's, one IEEE operation at a time. */
@@ -163,6 +177,7 @@ static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r
         /* GGUF's Q8_1 keeps d * sum in float16 */
         const float sum = d * (float)(sums[0] + sums[1]);
         ((float *)xa->sx)[blk] = wide ? sum : (sum < 0 ? -round_f16(-sum) : round_f16(sum));
+        if (xa->tiled != NULL) tile_block(xa, qa + b * BQ_TILE, r, b);
     }
 }
 
@@ -249,16 +264,21 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
                                 pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
         groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
     }
-    /* qa (int8 or int16 codes), then da, sx and s16 (4-byte values) */
+    /* qa (int8 or int16 codes), then da, sx and s16 (4-byte values), then the VNNI path's
+     * tiled copy */
     const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
     const size_t codes_at = (code_bytes + 63) / 64 * 64;
+    const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 16 + 63) / 64 * 64;
+    const int tiled = path == PATH_VNNI && !wide && quantized;
+    const size_t tiled_bytes =
+        tiled ? (size_t)((rows + BQ_TILE_ROWS - 1) / BQ_TILE_ROWS * blocks) * sizeof(bq_tiled) : 0;
     void *owned;
-    uint8_t *buf = acts_buffer(codes_at + (size_t)(rows * blocks) * 16, &owned);
+    uint8_t *buf = acts_buffer(plain_bytes + tiled_bytes, &owned);
     float *da = (float *)(buf + codes_at);
     float *sx = da + rows * blocks;
     int32_t *s16 = (int32_t *)(sx + rows * blocks);
     const bq_acts xa = {wide ? NULL : (int8_t *)buf, wide ? (int16_t *)buf : NULL, da, s16, sx,
-                        blocks, x, x_stride};
+                        blocks, x, x_stride, tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
     if (threads < 1) threads = 1;
     if (threads > BQ_MAX_RUNS) threads = BQ_MAX_RUNS;
     int64_t per_item = groups / (threads * ITEMS_PER_THREAD);

@@ -140,7 +140,7 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
         for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t t = 0; t < s->tiles; t++) {
             const uint8_t *tile = bq_tile(s, g, t);
-            if (x == 0) bq_prefetch(s, g, t);
+            if (x == 0) bq_prefetch(s, L, g, t);
             for (int h = 0; h < halves; h++) {
                 __m256i dot[AVX2_ROWS], hi[AVX2_ROWS], more[AVX2_ROWS][4];
                 for (int r = 0; r < nr; r++) {

@@ -22,6 +22,20 @@
 #include <immintrin.h>
 #endif
 
+/* The int8 activations of 8 rows for one block of 32 inputs, as the AVX-512 VNNI path reads
+ * them: the codes of chunk c (inputs 4c .. 4c + 3) of row i at codes[c][i], then each row's
+ * scale, code sums (first half, second half, whole), min factors (the scale times each sum)
+ * and scaled sum as the legacy mins want it. A tile of up to 8 rows then reads everything
+ * from one address a block, each row and chunk at a constant offset from it, where the rows
+ * of the plain layout lie k_pad bytes apart and cost the loop a register or a reload each. */
+typedef struct {
+    int8_t codes[BQ_TILE / 4][BQ_TILE_ROWS][4];
+    float da[BQ_TILE_ROWS];
+    int32_t sum[3][BQ_TILE_ROWS];
+    float min[3][BQ_TILE_ROWS];
+    float sx[BQ_TILE_ROWS];
+} bq_tiled;
+
 typedef struct {
     const int8_t *qa;    /* rows x k_pad int8 codes, or NULL */
     const int16_t *qa16; /* int16 codes instead, where not NULL */
@@ -31,6 +45,7 @@ typedef struct {
     int64_t blocks;
     const float *x;      /* the float rows themselves (16-bit weights read them) */
     int64_t x_stride;
+    const bq_tiled *tiled; /* (rows / 8) x blocks, for the VNNI path's int8 tiles, or NULL */
 } bq_acts;
 
 /* out[r] = outputs 16 g .. 16 g + 15 of activation rows r0 + r, r < nr <= BQ_TILE_ROWS. */

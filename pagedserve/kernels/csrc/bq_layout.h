@@ -180,12 +180,15 @@ static inline const uint8_t *bq_tile(const bq_seg *s, int64_t g, int64_t t) {
 #define BQ_PREFETCH_AHEAD 2048
 #endif
 
-/* Asks for the lines BQ_PREFETCH_AHEAD bytes past one tile's codes (and its scales). */
-static inline void bq_prefetch(const bq_seg *s, int64_t g, int64_t t) {
+/* Asks for the lines BQ_PREFETCH_AHEAD bytes past one tile's codes (and its scales). L is
+ * s->L, passed apart so that a loop instanced per layout folds its sizes into constants (the
+ * division by the block size read through s is an idiv in every tile). */
+static inline void bq_prefetch(const bq_seg *s, const bq_layout *L, int64_t g, int64_t t) {
     if (BQ_PREFETCH_AHEAD == 0) return;
-    const uint8_t *ahead = bq_tile(s, g, t) + BQ_PREFETCH_AHEAD;
-    for (int64_t at = 0; at < s->tile_bytes; at += 64) __builtin_prefetch(ahead + at, 0, 3);
-    const uint8_t *scales = bq_scale_part(s, g, t * BQ_TILE / s->L->block);
+    const int64_t tile_bytes = bq_tile_bytes(L);
+    const uint8_t *ahead = s->codes + g * s->group_bytes + t * tile_bytes + BQ_PREFETCH_AHEAD;
+    for (int64_t at = 0; at < tile_bytes; at += 64) __builtin_prefetch(ahead + at, 0, 3);
+    const uint8_t *scales = bq_scale_part(s, g, t * BQ_TILE / L->block);
     __builtin_prefetch(scales + BQ_PREFETCH_AHEAD / 8, 0, 3);
 }
 

@@ -99,6 +99,26 @@ BQ_INLINE BQ_VNNI __m512 vnni_apply(const bq_layout *L, __m512 acc, __m512i dot,
     return acc;
 }
 
+/* acc += u's unsigned bytes dotted with the 4 signed bytes at p, broadcast to every lane, the
+ * broadcast folded into the instruction's memory operand (the compiler emits a separate
+ * broadcast for the intrinsic: one more instruction for every dot product). */
+BQ_INLINE BQ_VNNI __m512i vnni_dot_at(__m512i acc, __m512i u, const int8_t *p) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
+    return acc;
+}
+
+/* vnni_apply for row i of a tiled block (bq_tiled). */
+BQ_INLINE BQ_VNNI __m512 vnni_apply_tiled(const bq_layout *L, __m512 acc, __m512i dot, __m512 D,
+                                          __m512 M, const bq_tiled *T, int i, int h, int halves) {
+    const int part = halves == 2 ? h : 2;
+    if (L->offset) dot = _mm512_add_epi32(dot, _mm512_set1_epi32(L->offset * T->sum[part][i]));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(D, _mm512_set1_ps(T->da[i])), acc);
+    if (!L->offset)
+        acc = _mm512_fmadd_ps(M, _mm512_set1_ps(L->scales == S_DM ? T->sx[i] : T->min[part][i]),
+                              acc);
+    return acc;
+}
+
 /* li: the layout's index in BQ_LAYOUTS, a constant in every instance, so that its fields
  * fold into the code. */
 static inline __attribute__((always_inline)) BQ_VNNI void
@@ -113,9 +133,19 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
         _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     __m512 acc[BQ_TILE_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < s->tiles; t++) {
+    /* int8 activations come tiled: rows r0 .. r0 + nr - 1 are rows i0 .. of their 8. The
+     * loop moves one pointer, to row i0's codes of block t, and reads every row and chunk at
+     * a constant offset from it (an index kept apart per row and chunk would be 64 values
+     * the loop reloads). */
+    const int i0 = (int)(r0 % BQ_TILE_ROWS);
+    const uint8_t *at = wide ? NULL
+                             : (const uint8_t *)(xa->tiled + r0 / BQ_TILE_ROWS * xa->blocks) +
+                                   4 * i0;
+    for (int64_t t = 0; t < s->tiles; t++, at += wide ? 0 : sizeof(bq_tiled)) {
         const uint8_t *tile = bq_tile(s, g, t);
-        bq_prefetch(s, g, t);
+        /* block t's tiled activations, shifted by i0 rows: T->x[r] is row i0 + r's */
+        const bq_tiled *T = (const bq_tiled *)(at);
+        bq_prefetch(s, L, g, t);
         for (int h = 0; h < halves; h++) {
             /* few rows: even and odd chunks in two sums, so that the dot products of one row
              * are not one chain of dependent instructions */
@@ -126,10 +156,9 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 const __m512i u = vnni_codes(tile, codes, c);
                 if (!wide) {
                     for (int r = 0; r < nr; r++) {
-                        const int8_t *a = xa->qa + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
-                        const __m512i av = _mm512_set1_epi32(load_i32(a));
-                        if (nr <= 2 && c % 2) odd[r] = _mm512_dpbusd_epi32(odd[r], u, av);
-                        else dot[r] = _mm512_dpbusd_epi32(dot[r], u, av);
+                        const int8_t *a = T->codes[c][r];
+                        if (nr <= 2 && c % 2) odd[r] = vnni_dot_at(odd[r], u, a);
+                        else dot[r] = vnni_dot_at(dot[r], u, a);
                     }
                 } else {
                     const __m512i ulo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(u));
@@ -149,7 +178,9 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 if (wide) /* lanes (output, input pair) -> output */
                     d = _mm512_add_epi32(_mm512_permutex2var_epi32(dot[r], evens, hi[r]),
                                          _mm512_permutex2var_epi32(dot[r], odds, hi[r]));
-                acc[r] = vnni_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t, h, halves);
+                acc[r] = wide ? vnni_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t, h,
+                                           halves)
+                              : vnni_apply_tiled(L, acc[r], d, D, M, T, r, h, halves);
             }
         }
     }
