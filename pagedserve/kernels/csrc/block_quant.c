@@ -269,7 +269,7 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
     const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
     const size_t codes_at = (code_bytes + 63) / 64 * 64;
     const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 16 + 63) / 64 * 64;
-    const int tiled = path == PATH_VNNI && !wide && quantized;
+    const int tiled = path != PATH_PORTABLE && !wide && quantized && rows >= 4;
     const size_t tiled_bytes =
         tiled ? (size_t)((rows + BQ_TILE_ROWS - 1) / BQ_TILE_ROWS * blocks) * sizeof(bq_tiled) : 0;
     void *owned;

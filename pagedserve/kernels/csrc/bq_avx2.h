@@ -105,6 +105,19 @@ BQ_INLINE BQ_AVX2 __m256 avx2_apply(const bq_layout *L, __m256 acc, __m256i dot,
     return acc;
 }
 
+/* avx2_apply for row i of a tiled block (bq_tiled). */
+BQ_INLINE BQ_AVX2 __m256 avx2_apply_tiled(const bq_layout *L, __m256 acc, __m256i dot, __m256 D,
+                                          __m256 M, const bq_tiled *T, int i, int h, int halves,
+                                          int offset) {
+    const int part = halves == 2 ? h : 2;
+    if (offset) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(offset * T->sum[part][i]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(D, _mm256_set1_ps(T->da[i])), acc);
+    if (!L->offset)
+        acc = _mm256_fmadd_ps(M, _mm256_set1_ps(L->scales == S_DM ? T->sx[i] : T->min[part][i]),
+                              acc);
+    return acc;
+}
+
 /* The int32 dot of one 8-output half-chunk of codes with a row's 4 int16 activations, as
  * (output, input pair) lanes: outputs 0-3 in lo, 4-7 in hi. */
 BQ_INLINE BQ_AVX2 void avx2_dot16(__m256i u, int is_signed, const int16_t *a, __m256i *lo,
@@ -135,11 +148,19 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
      * that one row's products are not one chain of dependent instructions */
     const int chains = vnni && !wide && nr <= 2 ? 4 / nr : 1;
     const __m256i ones = _mm256_set1_epi16(1);
+    /* int8 activations of 4 rows come tiled, read as the VNNI path reads them (bq_vnni.h),
+     * except against signed codes (Q8_0, IQ4): their sign step leaves the loop bound by
+     * other work, and a 4-row tile reads twice the cache lines of the plain rows */
+    const int tiled = !wide && nr >= 4 && !is_signed;
+    const uint8_t *at = !tiled ? NULL
+                             : (const uint8_t *)(xa->tiled + r0 / BQ_TILE_ROWS * xa->blocks) +
+                                   4 * (r0 % BQ_TILE_ROWS);
     for (int x = 0; x < 2; x++) {
         __m256 acc[AVX2_ROWS];
         for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
         for (int64_t t = 0; t < s->tiles; t++) {
             const uint8_t *tile = bq_tile(s, g, t);
+            const bq_tiled *T = (const bq_tiled *)(tiled ? at + t * sizeof(bq_tiled) : NULL);
             if (x == 0) bq_prefetch(s, L, g, t);
             for (int h = 0; h < halves; h++) {
                 __m256i dot[AVX2_ROWS], hi[AVX2_ROWS], more[AVX2_ROWS][4];
@@ -156,13 +177,16 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                         const __m256i u = avx2_codes(tile, codes, c, x);
                         const __m256i mag = is_signed ? _mm256_abs_epi8(u) : u;
                         for (int r = 0; r < nr; r++) {
-                            const int64_t blk = (r0 + r) * xa->blocks + t;
                             if (wide) {
+                                const int64_t blk = (r0 + r) * xa->blocks + t;
                                 const int16_t *a = xa->qa16 + blk * BQ_TILE + 4 * c;
                                 avx2_dot16(u, is_signed, a, &dot[r], &hi[r]);
                                 continue;
                             }
-                            __m256i a = _mm256_set1_epi32(load_i32(xa->qa + blk * BQ_TILE + 4 * c));
+                            const int8_t *q = tiled ? T->codes[c][r]
+                                                    : xa->qa + ((r0 + r) * xa->blocks + t) *
+                                                                   BQ_TILE + 4 * c;
+                            __m256i a = _mm256_set1_epi32(load_i32(q));
                             if (is_signed) a = _mm256_sign_epi8(a, u);
                             if (chains > 1 && c % chains)
                                 more[r][c % chains] = avxvnni_dot(more[r][c % chains], mag, a);
@@ -181,8 +205,9 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                     for (int i = 1; i < chains; i++) d = _mm256_add_epi32(d, more[r][i]);
                     if (wide) /* (output, pair) lanes -> outputs 0-7 */
                         d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
-                    acc[r] = avx2_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t,
-                                        h, halves, offset);
+                    acc[r] = !tiled ? avx2_apply(L, acc[r], d, D, M, xa,
+                                                 (r0 + r) * xa->blocks + t, h, halves, offset)
+                                  : avx2_apply_tiled(L, acc[r], d, D, M, T, r, h, halves, offset);
                 }
             }
         }

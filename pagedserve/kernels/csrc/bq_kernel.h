@@ -23,7 +23,7 @@
 #endif
 
 /* The int8 activations of 8 rows for one block of 32 inputs, as the AVX-512 VNNI path reads
- * them: the codes of chunk c (inputs 4c .. 4c + 3) of row i at codes[c][i], then each row's
+ * them (and the AVX2 paths): the codes of chunk c (inputs 4c .. 4c + 3) of row i at codes[c][i], then each row's
  * scale, code sums (first half, second half, whole), min factors (the scale times each sum)
  * and scaled sum as the legacy mins want it. A tile of up to 8 rows then reads everything
  * from one address a block, each row and chunk at a constant offset from it, where the rows
@@ -45,7 +45,8 @@ typedef struct {
     int64_t blocks;
     const float *x;      /* the float rows themselves (16-bit weights read them) */
     int64_t x_stride;
-    const bq_tiled *tiled; /* (rows / 8) x blocks, for the VNNI path's int8 tiles, or NULL */
+    const bq_tiled *tiled; /* (rows / 8) x blocks, for the x86 paths' int8 tiles of 4 rows
+                            * or more, or NULL */
 } bq_acts;
 
 /* out[r] = outputs 16 g .. 16 g + 15 of activation rows r0 + r, r < nr <= BQ_TILE_ROWS. */

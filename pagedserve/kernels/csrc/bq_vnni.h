@@ -133,15 +133,17 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
         _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     __m512 acc[BQ_TILE_ROWS];
     for (int r = 0; r < nr; r++) acc[r] = _mm512_setzero_ps();
-    /* int8 activations come tiled: rows r0 .. r0 + nr - 1 are rows i0 .. of their 8. The
-     * loop moves one pointer, to row i0's codes of block t, and reads every row and chunk at
-     * a constant offset from it (an index kept apart per row and chunk would be 64 values
-     * the loop reloads). */
+    /* int8 activations of 4 rows or more come tiled: rows r0 .. r0 + nr - 1 are rows i0 ..
+     * of their 8. The loop moves one pointer, to row i0's codes of block t, and reads every
+     * row and chunk at a constant offset from it (an index kept apart per row and chunk would
+     * be 64 values the loop reloads). One or two rows read the plain rows, which take fewer
+     * cache lines a block than the tiles. */
+    const int tiled = !wide && nr >= 4;
     const int i0 = (int)(r0 % BQ_TILE_ROWS);
-    const uint8_t *at = wide ? NULL
+    const uint8_t *at = !tiled ? NULL
                              : (const uint8_t *)(xa->tiled + r0 / BQ_TILE_ROWS * xa->blocks) +
                                    4 * i0;
-    for (int64_t t = 0; t < s->tiles; t++, at += wide ? 0 : sizeof(bq_tiled)) {
+    for (int64_t t = 0; t < s->tiles; t++, at += tiled ? sizeof(bq_tiled) : 0) {
         const uint8_t *tile = bq_tile(s, g, t);
         /* block t's tiled activations, shifted by i0 rows: T->x[r] is row i0 + r's */
         const bq_tiled *T = (const bq_tiled *)(at);
@@ -156,7 +158,9 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 const __m512i u = vnni_codes(tile, codes, c);
                 if (!wide) {
                     for (int r = 0; r < nr; r++) {
-                        const int8_t *a = T->codes[c][r];
+                        const int8_t *a =
+                            tiled ? T->codes[c][r]
+                                  : xa->qa + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
                         if (nr <= 2 && c % 2) odd[r] = vnni_dot_at(odd[r], u, a);
                         else dot[r] = vnni_dot_at(dot[r], u, a);
                     }
@@ -178,9 +182,9 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 if (wide) /* lanes (output, input pair) -> output */
                     d = _mm512_add_epi32(_mm512_permutex2var_epi32(dot[r], evens, hi[r]),
                                          _mm512_permutex2var_epi32(dot[r], odds, hi[r]));
-                acc[r] = wide ? vnni_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t, h,
-                                           halves)
-                              : vnni_apply_tiled(L, acc[r], d, D, M, T, r, h, halves);
+                acc[r] = !tiled ? vnni_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t,
+                                             h, halves)
+                                : vnni_apply_tiled(L, acc[r], d, D, M, T, r, h, halves);
             }
         }
     }
