@@ -235,9 +235,11 @@ static void group_rows(const segment_run *run, const bq_acts *xa, int64_t g, int
         const int nr = (int)(left_rows < BQ_TILE_ROWS ? left_rows : BQ_TILE_ROWS);
         float out[BQ_TILE_ROWS][BQ_GROUP];
         run->tile(&run->seg, xa, g, r0, nr, out);
-        for (int r = 0; r < nr; r++)
-            memcpy(y + (r0 + r) * y_stride + run->col + g * BQ_GROUP, out[r],
-                   (size_t)width * sizeof(float));
+        float *to = y + r0 * y_stride + run->col + g * BQ_GROUP;
+        if (width == BQ_GROUP) /* a copy of constant size: inlined, not a call per row */
+            for (int r = 0; r < nr; r++) memcpy(to + r * y_stride, out[r], sizeof out[r]);
+        else
+            for (int r = 0; r < nr; r++) memcpy(to + r * y_stride, out[r], (size_t)width * 4);
     }
 }
 
