@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from pagedserve.common.gguf_file import forget_gguf_readers
 from pagedserve.common.sampling_params import SamplingParams, StructuredOutputsParams
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.config.engine_config import CacheConfig
@@ -70,6 +71,7 @@ class LLMEngine:
             group=self.workers.group, quantization=args.quantization,
             quantized_activations=args.quantized_activations,
         )
+        forget_gguf_readers()  # the model and the tokenizer have read the header
         self.max_model_len = self._max_model_len(args.max_model_len)
         self.scheduler_config = args.scheduler_config(self.max_model_len)
         self.cache_config = self._sized_cache_config(baseline)
