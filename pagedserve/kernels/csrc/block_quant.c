@@ -266,8 +266,8 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
                                 pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
         groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
     }
-    /* qa (int8 or int16 codes), then da, sx and s16 (4-byte values), then the VNNI path's
-     * tiled copy */
+    /* qa (int8 or int16 codes), then da, sx and s16 (4-byte values), then the x86 paths'
+     * tiled copy (bq_tiled) */
     const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
     const size_t codes_at = (code_bytes + 63) / 64 * 64;
     const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 16 + 63) / 64 * 64;

@@ -95,26 +95,11 @@ BQ_INLINE BQ_AVX2 void avx2_scales(const bq_layout *L, const bq_seg *s, int64_t 
 }
 
 BQ_INLINE BQ_AVX2 __m256 avx2_apply(const bq_layout *L, __m256 acc, __m256i dot, __m256 D, __m256 M,
-                                    const bq_acts *xa, int64_t blk, int h, int halves, int offset) {
-    if (offset)
-        dot = _mm256_add_epi32(dot, _mm256_set1_epi32(offset * bq_sub_sum(xa, blk, h, halves)));
-    const __m256 scale = _mm256_mul_ps(D, _mm256_set1_ps(xa->da[blk]));
+                                    bq_row_scales a, int offset) {
+    if (offset) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(offset * a.sum));
+    const __m256 scale = _mm256_mul_ps(D, _mm256_set1_ps(a.da));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc);
-    if (!L->offset)
-        acc = _mm256_fmadd_ps(M, _mm256_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
-    return acc;
-}
-
-/* avx2_apply for row i of a tiled block (bq_tiled). */
-BQ_INLINE BQ_AVX2 __m256 avx2_apply_tiled(const bq_layout *L, __m256 acc, __m256i dot, __m256 D,
-                                          __m256 M, const bq_tiled *T, int i, int h, int halves,
-                                          int offset) {
-    const int part = halves == 2 ? h : 2;
-    if (offset) dot = _mm256_add_epi32(dot, _mm256_set1_epi32(offset * T->sum[part][i]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(D, _mm256_set1_ps(T->da[i])), acc);
-    if (!L->offset)
-        acc = _mm256_fmadd_ps(M, _mm256_set1_ps(L->scales == S_DM ? T->sx[i] : T->min[part][i]),
-                              acc);
+    if (!L->offset) acc = _mm256_fmadd_ps(M, _mm256_set1_ps(a.mins), acc);
     return acc;
 }
 
@@ -205,9 +190,11 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                     for (int i = 1; i < chains; i++) d = _mm256_add_epi32(d, more[r][i]);
                     if (wide) /* (output, pair) lanes -> outputs 0-7 */
                         d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
-                    acc[r] = !tiled ? avx2_apply(L, acc[r], d, D, M, xa,
-                                                 (r0 + r) * xa->blocks + t, h, halves, offset)
-                                  : avx2_apply_tiled(L, acc[r], d, D, M, T, r, h, halves, offset);
+                    acc[r] = avx2_apply(
+                        L, acc[r], d, D, M,
+                        tiled ? bq_tiled_scales(L, T, r, h, halves)
+                              : bq_plain_scales(L, xa, (r0 + r) * xa->blocks + t, h, halves),
+                        offset);
                 }
             }
         }

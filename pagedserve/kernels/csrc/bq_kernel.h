@@ -22,10 +22,10 @@
 #include <immintrin.h>
 #endif
 
-/* The int8 activations of 8 rows for one block of 32 inputs, as the AVX-512 VNNI path reads
- * them (and the AVX2 paths): the codes of chunk c (inputs 4c .. 4c + 3) of row i at codes[c][i], then each row's
- * scale, code sums (first half, second half, whole), min factors (the scale times each sum)
- * and scaled sum as the legacy mins want it. A tile of up to 8 rows then reads everything
+/* The int8 activations of 8 rows for one block of 32 inputs, as the x86 paths read them: the
+ * codes of chunk c (inputs 4c .. 4c + 3) of row i at codes[c][i], then each row's scale, code
+ * sums (first half, second half, whole), min factors (the scale times each sum) and scaled
+ * sum as the legacy mins want it. A tile of up to 8 rows then reads everything
  * from one address a block, each row and chunk at a constant offset from it, where the rows
  * of the plain layout lie k_pad bytes apart and cost the loop a register or a reload each. */
 typedef struct {
@@ -81,6 +81,29 @@ static inline float bq_min_factor(const bq_layout *L, const bq_acts *xa, int64_t
     if (L->offset) return 0.0f;
     if (L->scales == S_DM) return xa->sx[blk];
     return xa->da[blk] * (float)bq_sub_sum(xa, blk, h, halves);
+}
+
+/* What applying sub-block h's dot needs of one activation row: its block's scale, the code sum
+ * that a fixed offset multiplies and the factor of M (bq_min_factor). */
+typedef struct {
+    float da;
+    int32_t sum;
+    float mins;
+} bq_row_scales;
+
+/* Of block blk in the plain rows. */
+static inline bq_row_scales bq_plain_scales(const bq_layout *L, const bq_acts *xa, int64_t blk,
+                                            int h, int halves) {
+    return (bq_row_scales){xa->da[blk], bq_sub_sum(xa, blk, h, halves),
+                           bq_min_factor(L, xa, blk, h, halves)};
+}
+
+/* Of row i of a tiled block: the same values, read from the tile. */
+static inline bq_row_scales bq_tiled_scales(const bq_layout *L, const bq_tiled *T, int i, int h,
+                                            int halves) {
+    const int part = halves == 2 ? h : 2;
+    const float mins = L->offset ? 0.0f : L->scales == S_DM ? T->sx[i] : T->min[part][i];
+    return (bq_row_scales){T->da[i], T->sum[part][i], mins};
 }
 
 #endif

@@ -89,13 +89,11 @@ BQ_INLINE int64_t load_i64(const void *p) {
 
 /* acc += the sub-block's dot (int32 lanes) as bq_kernel.h says. */
 BQ_INLINE BQ_VNNI __m512 vnni_apply(const bq_layout *L, __m512 acc, __m512i dot, __m512 D,
-                                    __m512 M, const bq_acts *xa, int64_t blk, int h, int halves) {
-    if (L->offset)
-        dot = _mm512_add_epi32(dot, _mm512_set1_epi32(L->offset * bq_sub_sum(xa, blk, h, halves)));
-    const __m512 scale = _mm512_mul_ps(D, _mm512_set1_ps(xa->da[blk]));
+                                    __m512 M, bq_row_scales a) {
+    if (L->offset) dot = _mm512_add_epi32(dot, _mm512_set1_epi32(L->offset * a.sum));
+    const __m512 scale = _mm512_mul_ps(D, _mm512_set1_ps(a.da));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
-    if (!L->offset)
-        acc = _mm512_fmadd_ps(M, _mm512_set1_ps(bq_min_factor(L, xa, blk, h, halves)), acc);
+    if (!L->offset) acc = _mm512_fmadd_ps(M, _mm512_set1_ps(a.mins), acc);
     return acc;
 }
 
@@ -104,18 +102,6 @@ BQ_INLINE BQ_VNNI __m512 vnni_apply(const bq_layout *L, __m512 acc, __m512i dot,
  * broadcast for the intrinsic: one more instruction for every dot product). */
 BQ_INLINE BQ_VNNI __m512i vnni_dot_at(__m512i acc, __m512i u, const int8_t *p) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)p));
-    return acc;
-}
-
-/* vnni_apply for row i of a tiled block (bq_tiled). */
-BQ_INLINE BQ_VNNI __m512 vnni_apply_tiled(const bq_layout *L, __m512 acc, __m512i dot, __m512 D,
-                                          __m512 M, const bq_tiled *T, int i, int h, int halves) {
-    const int part = halves == 2 ? h : 2;
-    if (L->offset) dot = _mm512_add_epi32(dot, _mm512_set1_epi32(L->offset * T->sum[part][i]));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(D, _mm512_set1_ps(T->da[i])), acc);
-    if (!L->offset)
-        acc = _mm512_fmadd_ps(M, _mm512_set1_ps(L->scales == S_DM ? T->sx[i] : T->min[part][i]),
-                              acc);
     return acc;
 }
 
@@ -182,9 +168,10 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 if (wide) /* lanes (output, input pair) -> output */
                     d = _mm512_add_epi32(_mm512_permutex2var_epi32(dot[r], evens, hi[r]),
                                          _mm512_permutex2var_epi32(dot[r], odds, hi[r]));
-                acc[r] = !tiled ? vnni_apply(L, acc[r], d, D, M, xa, (r0 + r) * xa->blocks + t,
-                                             h, halves)
-                                : vnni_apply_tiled(L, acc[r], d, D, M, T, r, h, halves);
+                acc[r] = vnni_apply(
+                    L, acc[r], d, D, M,
+                    tiled ? bq_tiled_scales(L, T, r, h, halves)
+                          : bq_plain_scales(L, xa, (r0 + r) * xa->blocks + t, h, halves));
             }
         }
     }
