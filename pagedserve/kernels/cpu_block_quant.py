@@ -49,6 +49,7 @@ from pagedserve.kernels import block_quant_paths, cpu_parallel
 from pagedserve.kernels.block_quant_weight import BlockQuantWeight, from_quantized
 from pagedserve.kernels.native_build import NativeBuildError, load_library
 from pagedserve.kernels.quantized_linear import QuantizedWeight, QuantKernel, quantize_int4
+from pagedserve.kernels.weight_arena import ARENA
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +197,7 @@ def _prepare(weight: BlockQuantWeight | QuantizedWeight, activation_bits: int = 
         raise ValueError("the block-quant kernel does not run this weight here")
     k = blocks.padded_in_features
     sizes = [library.bq_packed_bytes(s.type_id, s.rows, k) for s in blocks.segments]
-    packed = torch.empty(sum(sizes), dtype=torch.uint8)
+    packed = ARENA.take(sum(sizes))  # huge pages under the stream of a decode step
     table, offset, column = [], 0, 0
     threads = torch.get_num_threads()
     for seg, size in zip(blocks.segments, sizes, strict=True):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedserve.server.engine.worker.host_memory import HUGE_PAGE, advise_huge_pages
+from pagedserve.common.host_memory import HUGE_PAGE, advise_huge_pages
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

@@ -37,6 +37,7 @@ from pagedserve.kernels.quantized_linear import (
     take_inputs,
     take_rows,
 )
+from pagedserve.kernels.weight_arena import ARENA
 from pagedserve.server.models.gguf_repack import BLOCKS, can_repack, repack
 from pagedserve.server.models.gguf_weights import GGUFTensor, gguf_tensors
 from pagedserve.server.models.model_config import ModelConfig
@@ -62,6 +63,9 @@ def keep_gguf_types(model: nn.Module, path: Path, config: ModelConfig,
     stores it; returns how many projections each kernel runs (and on which types) and why
     the others stay float."""
     tensors = {t.name: t for t in gguf_tensors(open_gguf_model(path), config)}
+    # One huge-page region for all of them; repacking adds a little, and the untouched rest
+    # of the region is address space only (weight_arena.py).
+    ARENA.expect(sum(t.mapped.nbytes for t in tensors.values()) * 9 // 8)
     if config.tie_word_embeddings and LM_HEAD not in tensors and EMBEDDING in tensors:
         tensors[LM_HEAD] = tensors[EMBEDDING]
     counts: Counter[str] = Counter()

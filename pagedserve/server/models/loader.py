@@ -22,6 +22,7 @@ from pagedserve.common.process_memory import trim_heap
 from pagedserve.kernels.cpu_block_quant import with_activations
 from pagedserve.kernels.dispatch import KernelOps, get_kernel_ops
 from pagedserve.kernels.quantized_linear import QuantKernel
+from pagedserve.kernels.weight_arena import ARENA
 from pagedserve.server.models.base import CausalLM
 from pagedserve.server.models.cpu_dtype import choose_cpu_dtype
 from pagedserve.server.models.gguf_quantized import keep_gguf_types
@@ -143,6 +144,7 @@ def load_model(
     finally:
         # The engine reads the tokenizer first, so a GGUF file's header is not needed again.
         release_gguf_files()
+        ARENA.seal()  # the next model's weights start a region of their own
         trim_heap()  # what repacking and reading the file freed
     model.eval()
     if quantization not in ("none", "gguf"):

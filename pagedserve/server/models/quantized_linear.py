@@ -89,7 +89,8 @@ def _to(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
 
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of every parameter, packed or quantized projection and quantized embedding,
-    each storage once (a tied embedding and head share theirs)."""
+    each once (a tied embedding and head share theirs; packed weights may be views of one
+    region, ``weight_arena.py``)."""
     tensors: list[torch.Tensor] = list(model.parameters())
     for module in model.modules():
         if isinstance(module, PackableLinear) and module.packed is not None:
@@ -97,13 +98,14 @@ def weight_bytes(model: nn.Module) -> int:
         quantized = getattr(module, "quantized", None)
         if isinstance(quantized, QuantizedWeight):
             tensors += _parts(quantized)
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     total = 0
     for tensor in tensors:
-        key = tensor.untyped_storage().data_ptr() if not tensor.is_mkldnn else id(tensor)
+        size = tensor.numel() * tensor.element_size()
+        key = (tensor.data_ptr() if not tensor.is_mkldnn else id(tensor), size)
         if key not in seen:
             seen.add(key)
-            total += tensor.numel() * tensor.element_size()
+            total += size
     return total
 
 

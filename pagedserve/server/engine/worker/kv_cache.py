@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pagedserve.common.host_memory import advise_huge_pages, populate
 from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.engine.config.engine_config import KV_CACHE_DTYPES
-from pagedserve.server.engine.worker.host_memory import advise_huge_pages, populate
 from pagedserve.server.models.model_config import DTYPES, ModelConfig
 
 if TYPE_CHECKING:
