@@ -15,9 +15,10 @@ server's memory and its start-up time beside the throughput.
 3. At one stream, the roofline share: the bytes a decode step must read (every weight of the
    file once, the tied embedding as the LM head, and K and V of the mean context in float16,
    both servers' default) / TPOT / the probe's bandwidth.
-4. Memory and start-up: seconds from launch to the first 200 on ``/health``; the resident set
-   when ready, its highest while one stream decodes, and the process's peak (VmHWM) after
-   the one-stream run, against the goal of file + KV cache + 400 MiB.
+4. Memory and start-up (medians over the rounds, and the run's first start): seconds from
+   launch to the first 200 on ``/health``; the resident set when ready, its highest while
+   one stream decodes, and the process's peak (VmHWM) after the one-stream run, against the
+   goal of file + KV cache + 400 MiB.
 
     python -m benchmarks.single_stream --llama-server PATH [--quick] [--rounds 1]
         [--files Q4_K_M,Q8_0] [--servers pagedserve,pagedserve_avxvnni,pagedserve_avx2,llama_cpp]
@@ -201,6 +202,19 @@ def _median(runs: list[dict], workload: str, key: str) -> float:
     return statistics.median(float(r[workload][key] or 0.0) for r in runs)
 
 
+def _median_memory(rounds: list[dict]) -> dict:
+    """Each measure's median over the rounds (each round starts the server afresh), as every
+    other cell; ``startup_first_s`` keeps the run's first start, after which the machine had
+    been idle (on a VM whose host hands back idle memory, it faults everything in anew)."""
+    if not rounds:
+        return {}
+    memory = {key: (statistics.median(r[key] for r in rounds)
+                    if all(isinstance(r.get(key), (int, float)) for r in rounds)
+                    else rounds[0].get(key)) for key in rounds[0]}
+    memory["startup_first_s"] = rounds[0].get("startup_s")
+    return memory
+
+
 def summarize(model: Path, runs: dict[str, list[dict]], workloads: list[Workload],
               bandwidth: float, context: int) -> dict:
     """Medians over rounds, ratios to llama.cpp, the roofline share at one stream and the
@@ -217,7 +231,7 @@ def summarize(model: Path, runs: dict[str, list[dict]], workloads: list[Workload
         if one is not None and row[one]["mean_tpot_ms"]:
             row["roofline_share"] = (floor_bytes / (row[one]["mean_tpot_ms"] / 1e3)
                                      / (bandwidth * 1e9))
-        memory = server_runs[0].get("memory", {})
+        memory = _median_memory([r["memory"] for r in server_runs if r.get("memory")])
         if memory.get("kv_bytes"):
             memory["rss_goal"] = model.stat().st_size + memory["kv_bytes"] + RSS_GOAL_SLACK
         row["memory"] = memory
@@ -253,7 +267,9 @@ def print_tables(model: Path, summary: dict, workloads: list[Workload]) -> None:
         if not m:
             continue
         goal = f", goal {m['rss_goal'] / MiB:.0f}" if m.get("rss_goal") else ""
-        print(f"  {name:16s} start-up {m['startup_s']:.1f} s; RSS MiB ready "
+        first = (f" (the run's first {m['startup_first_s']:.1f} s)"
+                 if m.get("startup_first_s") is not None else "")
+        print(f"  {name:16s} start-up {m['startup_s']:.1f} s{first}; RSS MiB ready "
               f"{m['rss_ready'] / MiB:.0f}, decoding {m['rss_decoding'] / MiB:.0f}, peak "
               f"{m['rss_peak'] / MiB:.0f}{goal}")
 
