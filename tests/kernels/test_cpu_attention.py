@@ -66,28 +66,6 @@ def test_a_float32_query_over_a_16_bit_cache(block_size, num_heads, num_kv_heads
     assert_matches(out, reference.double(), torch.float32)
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [
-    (16, 2, 64),  # 8 query heads a KV head: two groups of 4 output rows in registers
-    (12, 4, 80),  # 5 vectors a row: a group of 4, then 1
-    (4, 1, 96),   # 6 vectors: 4, then 2
-    (3, 3, 128),  # one query head a KV head, 8 vectors
-])
-def test_long_contexts_in_tiles_match_the_reference(cache_dtype, block_size, num_heads,
-                                                    num_kv_heads, head_dim):
-    # Head sizes that are a multiple of 16 run in one pass of tiles where AVX-512 is compiled
-    # in (decode_tiles.h): a softmax kept online over hundreds of positions, blocks of 32 cut
-    # into two tiles of 16, and partial tiles at a sequence's end.
-    seq_lens = [1, 17, 15, 700, 2 * block_size]
-    kv = cpu_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, cache_dtype)
-    query = cpu_queries(len(seq_lens), num_heads, head_dim, torch.float32) * 3.0
-    out = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache,
-                                               kv.block_tables, kv.seq_lens, SCALE)
-    assert not out.isnan().any()
-    assert_matches(out, naive_decode(query, kv, SCALE), torch.float32)
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_ragged_batch_split_across_threads(threads):
     before = torch.get_num_threads()

@@ -5,9 +5,7 @@
  *
  * Two passes per sequence: the scores of every position, a float32 softmax over them, then the
  * probability-weighted sum of the V rows. Head sizes 64, 80, 96, 128 and 256 get loops of a
- * constant length, which the compiler unrolls and vectorises without tails. Where AVX-512 is
- * compiled in and the head size is a multiple of 16, one pass in tiles with an online softmax
- * runs instead (decode_tiles.h).
+ * constant length, which the compiler unrolls and vectorises without tails.
  * The caller cuts the work into parts of about equal size, run on OpenMP threads: runs of
  * sequences, or with fewer sequences than threads, ranges of one sequence's KV heads (a single
  * stream's attention is split across the cores too).
@@ -224,8 +222,7 @@ static int NAME(const TQ *query, TC *key_cache, TC *value_cache,                
     int64_t max_len = 1;                                                                       \
     for (int64_t seq = seq0; seq < seq1; seq++)                                                \
         if (lens[seq] > max_len) max_len = lens[seq];                                          \
-    const int64_t floats = H * (max_len + 2 * D) + tiled_scratch(H, G, D);                     \
-    float *buf = malloc(sizeof(float) * (size_t)floats);                                       \
+    float *buf = malloc(sizeof(float) * (size_t)(H * (max_len + 2 * D) + 16 * D));             \
     if (buf == NULL) return 1;                                                                 \
     float *scores = buf, *q = buf + H * max_len, *acc = q + H * D;                             \
     const int64_t row_bytes = num_kv_heads * D * (int64_t)sizeof(TC);                          \
