@@ -127,18 +127,16 @@ static void softmax_rows(float *scores, int64_t rows, int64_t stride, int64_t le
     }
 }
 
-#include "decode_tiles.h"
-
 /* One sequence, KV heads [kv0, kv1): query and out point at the sequence's first query head of
  * kv0, scores [(kv1 - kv0) G, score_stride], q and acc [(kv1 - kv0) G D]. */
-#define DEFINE_ITEM(NAME, TQ, TC, LOADQ, DOT, AXPY, STORE)                                     \
-static inline __attribute__((always_inline)) void NAME(                                        \
+#define DEFINE_ITEM(NAME, TQ, TC, LOADQ, DOT, AXPY, STORE)                                    \
+static inline __attribute__((always_inline)) void NAME(                                       \
     const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *table,         \
     int64_t len, TQ *out, int64_t kv0, int64_t kv1, int64_t num_kv_heads, int64_t G,           \
     const int64_t D, int64_t block_size, float scale, float *scores, int64_t score_stride,     \
     float *q, float *acc, const Visit *visit)                                                  \
 {                                                                                              \
-    const int64_t row_stride = num_kv_heads * D, H = (kv1 - kv0) * G;                          \
+    const int64_t row_stride = num_kv_heads * D, H = (kv1 - kv0) * G;                         \
     const int64_t nb = visit->num_blocks;                                                      \
     for (int64_t i = 0; i < H * D; i++) q[i] = LOADQ(query, i) * scale;                        \
     for (int64_t start = 0, b = 0; start < len; start += block_size, b++) {                    \
@@ -182,16 +180,16 @@ typedef struct {
 
 /* Rotates sequence seq's query heads of KV heads [kv0, kv1) and those key heads, then writes
  * its K and V heads [kv0, kv1) into its slot, narrowed to the cache's type. */
-#define DEFINE_PREP(NAME, TC, WRITE)                                                           \
+#define DEFINE_PREP(NAME, TC, WRITE)                                                          \
 static inline void NAME(const Fused *f, int64_t seq, int64_t kv0, int64_t kv1, int64_t H,      \
-                        int64_t Hkv, int64_t D, TC *key_cache, TC *value_cache) {              \
+                        int64_t Hkv, int64_t D, TC *key_cache, TC *value_cache) {             \
     float *row = f->qkv + seq * f->qkv_stride;                                                 \
     const int64_t G = H / Hkv, half = D / 2;                                                   \
     const float *c = f->cos_t + seq * half, *s = f->sin_t + seq * half;                        \
     rotary_row_f32(row + kv0 * G * D, (kv1 - kv0) * G, half, c, s);                            \
     rotary_row_f32(row + (H + kv0) * D, kv1 - kv0, half, c, s);                                \
     if (f->slots[seq] < 0) return;                                                             \
-    const int64_t at = f->slots[seq] * Hkv * D + kv0 * D, n = (kv1 - kv0) * D;                 \
+    const int64_t at = f->slots[seq] * Hkv * D + kv0 * D, n = (kv1 - kv0) * D;                \
     WRITE(row + (H + kv0) * D, key_cache + at, n);                                             \
     WRITE(row + (H + Hkv + kv0) * D, value_cache + at, n);                                     \
 }
@@ -201,18 +199,13 @@ DEFINE_PREP(prep_bf16kv, bf16, narrow_bf16)
 DEFINE_PREP(prep_f16kv, f16, narrow_f16)
 #define NO_PREP(...) ((void)0)
 
-#define CALL_ONE(ITEM, DIM)                                                                    \
+#define CALL_ITEM(ITEM, DIM)                                                                  \
     ITEM(q_row, key_cache, value_cache, table, lens[seq], out + head, kv0, kv1,                \
          num_kv_heads, G, DIM, block_size, scale, scores, max_len, q, acc, &visit)
-#define CALL_ITEM(TILED, PLAIN, DIM)                                                           \
-    do {                                                                                       \
-        if ((DIM) % 16 == 0) CALL_ONE(TILED, DIM);                                             \
-        else CALL_ONE(PLAIN, DIM);                                                             \
-    } while (0)
 
 /* Sequences [seq0, seq1), KV heads [kv0, kv1) of each; with `fused`, the query is the
  * rotated part of each sequence's QKV row (PREP rotates it and writes K and V first). */
-#define DEFINE_PART(NAME, TILED, PLAIN, TQ, TC, PREP)                                          \
+#define DEFINE_PART(NAME, ITEM, TQ, TC, PREP)                                                 \
 static int NAME(const TQ *query, TC *key_cache, TC *value_cache,                               \
                 const int32_t *tables, const int32_t *lens, TQ *out, int64_t num_heads,        \
                 int64_t num_kv_heads, int64_t head_dim, int64_t block_size,                    \
@@ -222,9 +215,9 @@ static int NAME(const TQ *query, TC *key_cache, TC *value_cache,                
     int64_t max_len = 1;                                                                       \
     for (int64_t seq = seq0; seq < seq1; seq++)                                                \
         if (lens[seq] > max_len) max_len = lens[seq];                                          \
-    float *buf = malloc(sizeof(float) * (size_t)(H * (max_len + 2 * D) + 16 * D));             \
+    float *buf = malloc(sizeof(float) * (size_t)(H * (max_len + 2 * D)));                      \
     if (buf == NULL) return 1;                                                                 \
-    float *scores = buf, *q = buf + H * max_len, *acc = q + H * D;                             \
+    float *scores = buf, *q = buf + H * max_len, *acc = q + H * D;                              \
     const int64_t row_bytes = num_kv_heads * D * (int64_t)sizeof(TC);                          \
     for (int64_t seq = seq0; seq < seq1; seq++) {                                              \
         const int64_t head = (seq * num_heads + kv0 * G) * D;                                  \
@@ -246,42 +239,29 @@ static int NAME(const TQ *query, TC *key_cache, TC *value_cache,                
                 for (int64_t o = 0; o < block_size; o++)                                       \
                     prefetch_row(&visit, block_at(&visit, b), o);                              \
         switch (D) {                                                                           \
-        case 64: CALL_ITEM(TILED, PLAIN, 64); break;                                           \
-        case 80: CALL_ITEM(TILED, PLAIN, 80); break;                                           \
-        case 96: CALL_ITEM(TILED, PLAIN, 96); break;                                           \
-        case 128: CALL_ITEM(TILED, PLAIN, 128); break;                                         \
-        case 256: CALL_ITEM(TILED, PLAIN, 256); break;                                         \
-        default: CALL_ITEM(TILED, PLAIN, D);                                                   \
+        case 64: CALL_ITEM(ITEM, 64); break;                                                   \
+        case 80: CALL_ITEM(ITEM, 80); break;                                                   \
+        case 96: CALL_ITEM(ITEM, 96); break;                                                   \
+        case 128: CALL_ITEM(ITEM, 128); break;                                                 \
+        case 256: CALL_ITEM(ITEM, 256); break;                                                 \
+        default: CALL_ITEM(ITEM, D);                                                           \
         }                                                                                      \
     }                                                                                          \
     free(buf);                                                                                 \
     return 0;                                                                                  \
 }
 
-DEFINE_ITEM(plain_f32, float, float, load_f32, dot_f32, axpy_f32, store_f32)
-DEFINE_ITEM(plain_bf16, bf16, bf16, load_bf16, dot_bf16, axpy_bf16, store_bf16)
-DEFINE_ITEM(plain_f32_bf16kv, float, bf16, load_f32, dot_bf16, axpy_bf16, store_f32)
-DEFINE_ITEM(plain_f32_f16kv, float, f16, load_f32, dot_f16, axpy_f16, store_f32)
-
-/* AVX-512 tiles where the head size allows (decode_tiles.h), else the plain loops. */
-#if defined(__AVX512F__)
-DEFINE_TILED_ITEM(tiled_f32, float, float, load_f32, widen16_f32, store_f32)
-DEFINE_TILED_ITEM(tiled_bf16, bf16, bf16, load_bf16, widen16_bf16, store_bf16)
-DEFINE_TILED_ITEM(tiled_f32_bf16kv, float, bf16, load_f32, widen16_bf16, store_f32)
-DEFINE_TILED_ITEM(tiled_f32_f16kv, float, f16, load_f32, widen16_f16, store_f32)
-#else
-#define tiled_f32 plain_f32
-#define tiled_bf16 plain_bf16
-#define tiled_f32_bf16kv plain_f32_bf16kv
-#define tiled_f32_f16kv plain_f32_f16kv
-#endif
+DEFINE_ITEM(item_f32, float, float, load_f32, dot_f32, axpy_f32, store_f32)
+DEFINE_ITEM(item_bf16, bf16, bf16, load_bf16, dot_bf16, axpy_bf16, store_bf16)
+DEFINE_ITEM(item_f32_bf16kv, float, bf16, load_f32, dot_bf16, axpy_bf16, store_f32)
+DEFINE_ITEM(item_f32_f16kv, float, f16, load_f32, dot_f16, axpy_f16, store_f32)
 
 /* The exported entry points: each of `num_parts` parts (rows of `parts`) handed out to
  * `threads` threads of the OpenMP pool (torch's own, when torch is loaded: its threads are the
  * ones already running, so the kernel neither oversubscribes the cores nor waits for threads
  * that spin in torch's pool). Parts are taken as threads come free; one part runs on the
  * calling thread alone, without entering the pool. */
-#define DEFINE_RUN(NAME, PART, TQ, TC)                                                         \
+#define DEFINE_RUN(NAME, PART, TQ, TC)                                                        \
 static int NAME(const TQ *query, TC *key_cache, TC *value_cache, const int32_t *tables,        \
                 const int32_t *lens, TQ *out, int64_t num_heads, int64_t num_kv_heads,         \
                 int64_t head_dim, int64_t block_size, int64_t table_width, float scale,        \
@@ -299,7 +279,7 @@ static int NAME(const TQ *query, TC *key_cache, TC *value_cache, const int32_t *
     return failed;                                                                             \
 }
 
-#define DEFINE_DECODE(NAME, RUN, TQ, TC)                                                       \
+#define DEFINE_DECODE(NAME, RUN, TQ, TC)                                                      \
 int NAME(const TQ *query, const TC *key_cache, const TC *value_cache, const int32_t *tables,   \
          const int32_t *lens, TQ *out, int64_t num_heads, int64_t num_kv_heads,                \
          int64_t head_dim, int64_t block_size, int64_t table_width, float scale,               \
@@ -312,7 +292,7 @@ int NAME(const TQ *query, const TC *key_cache, const TC *value_cache, const int3
 /* A float32 model's decode step from its fused QKV rows [S, >= (H + 2 Hkv) D] (row stride
  * qkv_stride): rotary embedding of the query and key heads (in place), the K and V rows
  * written into slots [S] of caches of num_slots slots, then attention into out [S, H, D]. */
-#define DEFINE_FUSED(NAME, RUN, TC)                                                            \
+#define DEFINE_FUSED(NAME, RUN, TC)                                                           \
 int NAME(float *qkv, int64_t qkv_stride, const float *cos_t, const float *sin_t,               \
          const int64_t *slots, int64_t num_slots, TC *key_cache, TC *value_cache,              \
          const int32_t *tables, const int32_t *lens, float *out, int64_t num_heads,            \
@@ -326,10 +306,10 @@ int NAME(float *qkv, int64_t qkv_stride, const float *cos_t, const float *sin_t,
                head_dim, block_size, table_width, scale, parts, num_parts, threads, &fused);   \
 }
 
-DEFINE_PART(part_f32, tiled_f32, plain_f32, float, float, prep_f32)
-DEFINE_PART(part_bf16, tiled_bf16, plain_bf16, bf16, bf16, NO_PREP)
-DEFINE_PART(part_f32_bf16kv, tiled_f32_bf16kv, plain_f32_bf16kv, float, bf16, prep_bf16kv)
-DEFINE_PART(part_f32_f16kv, tiled_f32_f16kv, plain_f32_f16kv, float, f16, prep_f16kv)
+DEFINE_PART(part_f32, item_f32, float, float, prep_f32)
+DEFINE_PART(part_bf16, item_bf16, bf16, bf16, NO_PREP)
+DEFINE_PART(part_f32_bf16kv, item_f32_bf16kv, float, bf16, prep_bf16kv)
+DEFINE_PART(part_f32_f16kv, item_f32_f16kv, float, f16, prep_f16kv)
 DEFINE_RUN(run_f32, part_f32, float, float)
 DEFINE_RUN(run_bf16, part_bf16, bf16, bf16)
 DEFINE_RUN(run_f32_bf16kv, part_f32_bf16kv, float, bf16)
