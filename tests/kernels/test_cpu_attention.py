@@ -66,6 +66,23 @@ def test_a_float32_query_over_a_16_bit_cache(block_size, num_heads, num_kv_heads
     assert_matches(out, reference.double(), torch.float32)
 
 
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [
+    (16, 2, 64), (12, 4, 80), (4, 1, 96), (3, 3, 128)])
+def test_long_contexts_match_the_reference(cache_dtype, block_size, num_heads, num_kv_heads,
+                                           head_dim):
+    # Hundreds of positions under one softmax beside short and partial blocks, each
+    # specialised head size, and 1 to 8 query heads a KV head, over every cache type.
+    seq_lens = [1, 17, 15, 700, 2 * block_size]
+    kv = cpu_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, cache_dtype)
+    query = cpu_queries(len(seq_lens), num_heads, head_dim, torch.float32) * 3.0
+    out = cpu_attention.paged_attention_decode(query, kv.key_cache, kv.value_cache,
+                                               kv.block_tables, kv.seq_lens, SCALE)
+    assert not out.isnan().any()
+    assert_matches(out, naive_decode(query, kv, SCALE), torch.float32)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_ragged_batch_split_across_threads(threads):
     before = torch.get_num_threads()
