@@ -29,7 +29,14 @@ def home(router: Router, prompt: str) -> str:
 
 
 def prompts_homed_on(router: Router, url: str) -> list[str]:
-    return [s + "Question?" for s in SYSTEMS if home(router, s) == url]
+    """Prompts whose prefix ``url`` owns on the ring. The replicas listen on fresh ports, so
+    which replica owns which prefix changes from run to run: the prompts come from as many
+    systems as it takes to find some (eight alone all land on one replica now and then)."""
+    systems = SYSTEMS + [f"System prompt number {i}: answer as briefly as you can, please. " * 6
+                         for i in range(len(SYSTEMS), 256)]
+    homed = [s + "Question?" for s in systems if home(router, s) == url]
+    assert homed, f"no prefix of 256 lands on {url}"
+    return homed
 
 
 async def complete(http: aiohttp.ClientSession, router: Router, prompt: str,
