@@ -24,6 +24,7 @@ import torch
 
 MADV_HUGEPAGE = 14
 MADV_POPULATE_WRITE = 23
+MADV_COLLAPSE = 25
 HUGE_PAGE = 2 << 20
 PAGE = 4096
 
@@ -53,6 +54,21 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     if end - first < HUGE_PAGE:
         return False
     return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE) == 0)
+
+
+def collapse_huge_pages(tensor: torch.Tensor) -> bool:
+    """Moves the written pages under the whole 2 MiB pages of a CPU tensor onto huge pages
+    now (``MADV_COLLAPSE``, Linux 6.1; it copies them, and readers may go on meanwhile);
+    whether the kernel did it for all of them."""
+    madvise = _madvise()
+    if madvise is None or tensor.device.type != "cpu":
+        return False
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first = -(-start // HUGE_PAGE) * HUGE_PAGE
+    if end - first < HUGE_PAGE:
+        return False
+    return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_COLLAPSE) == 0)
 
 
 def populate(tensor: torch.Tensor) -> bool:

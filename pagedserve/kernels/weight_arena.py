@@ -1,75 +1,110 @@
-"""Packed CPU weights carved from large regions backed by transparent huge pages.
+"""Packed CPU weights carved from large regions, moved onto transparent huge pages once loaded.
 
 A one-stream decode step streams every packed weight once: on a 1B model, 650 MiB in 4 KiB
-pages is 166,000 pages a token, and the TLB misses among them slow the read (one-stream
-matmul time 10–20% lower with 2 MiB pages on this project's benchmark machine). A projection
-of its own would only take huge pages under the whole 2 MiB pages inside it, which leaves out
-the small ones (a 1B model's K and V projections are 0.56 MiB) and the ends of the others, so
-the packed weights are cut from regions of ``REGION_BYTES``, advised before any byte is written
-(``host_memory.advise_huge_pages``). The load also faults a few hundred pages in place of a
-hundred thousand.
+pages is 166,000 pages a token, and the TLB misses among them slow the read (the projections
+of one token 5-15% faster on 2 MiB pages, side by side on this project's benchmark machine).
+A projection of its own would only take huge pages under the whole 2 MiB pages inside it,
+which leaves out the small ones (a 1B model's K and V projections are 0.56 MiB) and the ends of
+the others, so the packed weights are cut from regions that start on a 2 MiB boundary.
+
+The repack writes them on 4 KiB pages, and ``seal`` then moves the written part of each region
+onto huge pages from a thread (``host_memory.collapse_huge_pages``) while the server starts
+and serves. Faulting huge pages in during the load instead took the start-up from 2.5-2.8 s to
+4.5-4.7 s on a VM whose host hands back the memory a guest frees (each fresh huge page faults
+in 512 of the host's pages), and the move takes about as long, off the start-up's path.
 
 A region is memory of its own (``torch.empty``): the views cut from it keep it alive, and it
 is freed with the last of them. Only the pages written are resident, so the tail of a region
 that no weight took costs nothing but address space. The loader sizes one region for a whole
 model from its file (``expect``) and ends it once the weights are placed (``seal``), so that the
-next model starts a fresh one. Where the system gives no huge pages the regions are plain
-memory.
+next model starts a fresh one. Where the system gives no huge pages the regions stay on 4 KiB
+pages.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import torch
 
-from pagedserve.common.host_memory import HUGE_PAGE, advise_huge_pages
+from pagedserve.common.host_memory import HUGE_PAGE, collapse_huge_pages
+
+logger = logging.getLogger(__name__)
 
 REGION_BYTES = 128 * HUGE_PAGE  # 256 MiB
 ALIGN = 64  # a cache line: the kernels' loads never straddle one at a row's start
 
 
 class WeightArena:
-    """Hands out uint8 buffers cut from huge-page regions (see the module's docstring)."""
+    """Hands out uint8 buffers cut from aligned regions (see the module's docstring)."""
 
     def __init__(self, region_bytes: int = REGION_BYTES) -> None:
         self.region_bytes = region_bytes
         self._region: torch.Tensor | None = None
         self._used = 0
         self._expected = 0
+        self._filled: list[torch.Tensor] = []  # the written part of each region since seal
         self._lock = threading.Lock()
 
     def expect(self, nbytes: int) -> None:
         """Ends the region in use and sizes the next one for ``nbytes`` to come: a model's
         weights in one region leave one partly used huge page, not one a region."""
         with self._lock:
-            self._region, self._used, self._expected = None, 0, nbytes
+            self._end_region()
+            self._expected = nbytes
 
     def take(self, nbytes: int) -> torch.Tensor:
         """An uninitialised uint8 tensor of ``nbytes``, 64-byte aligned, never written
         before."""
         with self._lock:
             if self._region is None or self._used + nbytes > self._region.numel():
+                self._end_region()
                 size = max(self.region_bytes, self._expected, nbytes)
-                self._region, self._used, self._expected = _advised(size), 0, 0
+                self._region, self._used, self._expected = _aligned(size), 0, 0
             start = self._used
             self._used = -(-(start + nbytes) // ALIGN) * ALIGN
             return self._region[start:start + nbytes]
 
-    def seal(self) -> None:
-        """Ends the region in use: later buffers come from a new one, and the current one
-        is freed with its last view."""
-        self.expect(0)
+    def seal(self, background: bool = True) -> threading.Thread | None:
+        """Ends the region in use (later buffers come from a new one; the current one is
+        freed with its last view) and moves what the regions since the last seal hold onto
+        huge pages: from a daemon thread, which is returned, or here."""
+        with self._lock:
+            self._end_region()
+            filled, self._filled, self._expected = self._filled, [], 0
+        if sum(t.numel() for t in filled) < HUGE_PAGE:
+            return None
+        if not background:
+            _collapse(filled)
+            return None
+        thread = threading.Thread(target=_collapse, args=(filled,), daemon=True,
+                                  name="pagedserve-weight-huge-pages")
+        thread.start()
+        return thread
+
+    def _end_region(self) -> None:
+        if self._region is not None and self._used:
+            self._filled.append(self._region[:self._used])
+        self._region, self._used = None, 0
 
 
-def _advised(nbytes: int) -> torch.Tensor:
-    """``nbytes`` starting at a 2 MiB boundary of a fresh mapping, advised: the unaligned head
-    of the allocation is never written, so never resident."""
+def _aligned(nbytes: int) -> torch.Tensor:
+    """``nbytes`` starting at a 2 MiB boundary of a fresh allocation: the unaligned head is
+    never written, so never resident."""
     memory = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)
     skip = -memory.data_ptr() % HUGE_PAGE
-    region = memory[skip:skip + nbytes]
-    advise_huge_pages(region)
-    return region
+    return memory[skip:skip + nbytes]
+
+
+def _collapse(parts: list[torch.Tensor]) -> None:
+    started = time.perf_counter()
+    moved = all([collapse_huge_pages(part) for part in parts])
+    logger.info("packed weights (%.1f MiB) %s huge pages in %.2f s, beside the start-up",
+                sum(p.numel() for p in parts) / 2**20,
+                "moved onto" if moved else "not all moved onto (the kernel declined)",
+                time.perf_counter() - started)
 
 
 ARENA = WeightArena()

@@ -1,5 +1,6 @@
-"""Packed weights cut from huge-page regions: aligned, disjoint views of one region per model,
-each region freed with its last view, and backed by huge pages where the system allows."""
+"""Packed weights cut from aligned regions: disjoint views of one region per model, each region
+freed with its last view, and what a model wrote moved onto huge pages where the system
+allows."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_a_region_lives_as_long_as_any_view_of_it():
 @pytest.mark.skipif(not sys.platform.startswith("linux") or not THP.exists()
                     or "[never]" in THP.read_text(),
                     reason="transparent huge pages are off on this system")
-def test_written_weights_are_backed_by_huge_pages():
+@pytest.mark.parametrize("background", [True, False])
+def test_sealed_weights_move_onto_huge_pages(background):
     def anon_huge_kib() -> int:
         for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
             if line.startswith("AnonHugePages:"):
@@ -87,7 +89,20 @@ def test_written_weights_are_backed_by_huge_pages():
     # Small buffers, as a model's K and V projections are: none of them holds a whole huge
     # page of its own, but the region under them does.
     parts = [arena.take(HUGE_PAGE // 4 + 100) for _ in range(40)]
-    for part in parts:
-        part.fill_(1)
-    # At least half of the whole huge pages written (the kernel may not find free ones for all).
+    for i, part in enumerate(parts):
+        part.fill_(i)
+    thread = arena.seal(background=background)
+    assert (thread is not None) == background
+    if thread is not None:
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+    # At least half of the whole huge pages written (the kernel may not find free ones for
+    # all), and every byte where it was.
     assert anon_huge_kib() - before >= 4 * HUGE_PAGE // 1024
+    assert all(int(part.min()) == int(part.max()) == i for i, part in enumerate(parts))
+
+
+def test_a_seal_with_less_than_a_huge_page_written_moves_nothing():
+    arena = WeightArena(region_bytes=16 * HUGE_PAGE)
+    arena.take(HUGE_PAGE // 2).fill_(1)
+    assert arena.seal() is None
