@@ -56,17 +56,15 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE) == 0)
 
 
-def collapse_huge_pages(tensor: torch.Tensor) -> bool:
-    """Moves the written pages under the whole 2 MiB pages of a CPU tensor onto huge pages
-    now (``MADV_COLLAPSE``, Linux 6.1; it copies them, and readers may go on meanwhile);
-    whether the kernel did it for all of them."""
+def collapse_huge_pages(address: int, nbytes: int) -> bool:
+    """Moves the written pages under the whole 2 MiB pages of ``nbytes`` of this process's
+    memory from ``address`` onto huge pages now (``MADV_COLLAPSE``, Linux 6.1; it copies
+    them, and readers may go on meanwhile); whether the kernel did it for all of them. The
+    contents never change, so a range freed meanwhile costs nothing but a failed call."""
     madvise = _madvise()
-    if madvise is None or tensor.device.type != "cpu":
-        return False
-    start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first = -(-start // HUGE_PAGE) * HUGE_PAGE
-    if end - first < HUGE_PAGE:
+    first = -(-address // HUGE_PAGE) * HUGE_PAGE
+    end = address + nbytes
+    if madvise is None or end - first < HUGE_PAGE:
         return False
     return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_COLLAPSE) == 0)
 

@@ -7,11 +7,13 @@ A projection of its own would only take huge pages under the whole 2 MiB pages i
 which leaves out the small ones (a 1B model's K and V projections are 0.56 MiB) and the ends of
 the others, so the packed weights are cut from regions that start on a 2 MiB boundary.
 
-The repack writes them on 4 KiB pages, and ``seal`` then moves the written part of each region
-onto huge pages from a thread (``host_memory.collapse_huge_pages``) while the server starts
-and serves. Faulting huge pages in during the load instead took the start-up from 2.5-2.8 s to
-4.5-4.7 s on a VM whose host hands back the memory a guest frees (each fresh huge page faults
-in 512 of the host's pages), and the move takes about as long, off the start-up's path.
+The repack writes them on 4 KiB pages. Once the engine is up, ``move_to_huge_pages`` moves
+the written part of each region onto huge pages from a thread (``host_memory.
+collapse_huge_pages``), after the KV cache's own prefault, so that neither holds up the other
+or the start-up. Faulting huge pages in during the load instead took the start-up from
+2.5-2.8 s to 4.5-4.7 s on a VM whose host hands back the memory a guest frees (each fresh huge
+page faults in 512 of the host's pages); the move takes about as long, off the start-up's
+path. A region whose weights are freed before the move is skipped.
 
 A region is memory of its own (``torch.empty``): the views cut from it keep it alive, and it
 is freed with the last of them. Only the pages written are resident, so the tail of a region
@@ -26,6 +28,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -37,15 +42,26 @@ REGION_BYTES = 128 * HUGE_PAGE  # 256 MiB
 ALIGN = 64  # a cache line: the kernels' loads never straddle one at a row's start
 
 
+class _Written(NamedTuple):
+    """A region's written part: a weak reference to its first buffer (alive as long as the
+    region is used), its address and its bytes."""
+
+    first: weakref.ref[torch.Tensor]
+    address: int
+    nbytes: int
+
+
 class WeightArena:
     """Hands out uint8 buffers cut from aligned regions (see the module's docstring)."""
 
     def __init__(self, region_bytes: int = REGION_BYTES) -> None:
         self.region_bytes = region_bytes
         self._region: torch.Tensor | None = None
+        self._first: weakref.ref[torch.Tensor] | None = None
         self._used = 0
         self._expected = 0
-        self._filled: list[torch.Tensor] = []  # the written part of each region since seal
+        self._filled: list[_Written] = []  # regions ended since the last seal
+        self._sealed: list[_Written] = []  # the last seal's, not yet moved
         self._lock = threading.Lock()
 
     def expect(self, nbytes: int) -> None:
@@ -65,29 +81,40 @@ class WeightArena:
                 self._region, self._used, self._expected = _aligned(size), 0, 0
             start = self._used
             self._used = -(-(start + nbytes) // ALIGN) * ALIGN
-            return self._region[start:start + nbytes]
+            buffer = self._region[start:start + nbytes]
+            if start == 0:
+                self._first = weakref.ref(buffer)
+            return buffer
 
-    def seal(self, background: bool = True) -> threading.Thread | None:
-        """Ends the region in use (later buffers come from a new one; the current one is
-        freed with its last view) and moves what the regions since the last seal hold onto
-        huge pages: from a daemon thread, which is returned, or here."""
+    def seal(self) -> None:
+        """Ends the region in use: later buffers come from a new one, and the current one is
+        freed with its last view. What the regions since the last seal hold waits for
+        ``move_to_huge_pages`` (a later seal drops what an earlier one left unmoved)."""
         with self._lock:
             self._end_region()
-            filled, self._filled, self._expected = self._filled, [], 0
-        if sum(t.numel() for t in filled) < HUGE_PAGE:
+            self._sealed, self._filled, self._expected = self._filled, [], 0
+
+    def move_to_huge_pages(self, after: Callable[[], object] | None = None,
+                           background: bool = True) -> threading.Thread | None:
+        """Moves the sealed regions' written parts onto huge pages, once ``after`` (a wait)
+        has returned: from a daemon thread, which is returned, or here. None where less than
+        a huge page was written."""
+        with self._lock:
+            sealed, self._sealed = self._sealed, []
+        if sum(w.nbytes for w in sealed) < HUGE_PAGE:
             return None
         if not background:
-            _collapse(filled)
+            _collapse(sealed, after)
             return None
-        thread = threading.Thread(target=_collapse, args=(filled,), daemon=True,
+        thread = threading.Thread(target=_collapse, args=(sealed, after), daemon=True,
                                   name="pagedserve-weight-huge-pages")
         thread.start()
         return thread
 
     def _end_region(self) -> None:
-        if self._region is not None and self._used:
-            self._filled.append(self._region[:self._used])
-        self._region, self._used = None, 0
+        if self._region is not None and self._first is not None and self._used:
+            self._filled.append(_Written(self._first, self._region.data_ptr(), self._used))
+        self._region, self._first, self._used = None, None, 0
 
 
 def _aligned(nbytes: int) -> torch.Tensor:
@@ -98,11 +125,14 @@ def _aligned(nbytes: int) -> torch.Tensor:
     return memory[skip:skip + nbytes]
 
 
-def _collapse(parts: list[torch.Tensor]) -> None:
+def _collapse(written: list[_Written], after: Callable[[], object] | None) -> None:
+    if after is not None:
+        after()
     started = time.perf_counter()
-    moved = all([collapse_huge_pages(part) for part in parts])
-    logger.info("packed weights (%.1f MiB) %s huge pages in %.2f s, beside the start-up",
-                sum(p.numel() for p in parts) / 2**20,
+    alive = [w for w in written if w.first() is not None]
+    moved = all([collapse_huge_pages(w.address, w.nbytes) for w in alive])
+    logger.info("packed weights (%.1f MiB) %s huge pages in %.2f s, after the start-up",
+                sum(w.nbytes for w in alive) / 2**20,
                 "moved onto" if moved else "not all moved onto (the kernel declined)",
                 time.perf_counter() - started)
 

@@ -91,11 +91,14 @@ def test_sealed_weights_move_onto_huge_pages(background):
     parts = [arena.take(HUGE_PAGE // 4 + 100) for _ in range(40)]
     for i, part in enumerate(parts):
         part.fill_(i)
-    thread = arena.seal(background=background)
+    arena.seal()
+    waited = []
+    thread = arena.move_to_huge_pages(after=lambda: waited.append(True), background=background)
     assert (thread is not None) == background
     if thread is not None:
         thread.join(timeout=60)
         assert not thread.is_alive()
+    assert waited == [True]
     # At least half of the whole huge pages written (the kernel may not find free ones for
     # all), and every byte where it was.
     assert anon_huge_kib() - before >= 4 * HUGE_PAGE // 1024
@@ -105,4 +108,22 @@ def test_sealed_weights_move_onto_huge_pages(background):
 def test_a_seal_with_less_than_a_huge_page_written_moves_nothing():
     arena = WeightArena(region_bytes=16 * HUGE_PAGE)
     arena.take(HUGE_PAGE // 2).fill_(1)
-    assert arena.seal() is None
+    arena.seal()
+    assert arena.move_to_huge_pages() is None
+
+
+def test_only_the_last_seal_waits_and_freed_weights_are_skipped(caplog):
+    arena = WeightArena(region_bytes=4 * HUGE_PAGE)
+    arena.take(3 * HUGE_PAGE).fill_(1)  # a model whose move never came
+    arena.seal()
+    kept = arena.take(2 * HUGE_PAGE)
+    kept.fill_(2)
+    freed = arena.take(3 * HUGE_PAGE)  # a region of its own, freed before the move
+    freed.fill_(3)
+    arena.seal()
+    del freed
+    with caplog.at_level("INFO", logger="pagedserve.kernels.weight_arena"):
+        arena.move_to_huge_pages(background=False)
+    # Only the live region of the last seal: 4 MiB, not 4 + 6 (freed) or 6 more (earlier).
+    assert "packed weights (4.0 MiB) moved onto huge pages" in caplog.text
+    assert int(kept.min()) == int(kept.max()) == 2

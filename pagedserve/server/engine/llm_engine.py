@@ -19,6 +19,7 @@ import torch
 
 from pagedserve.common.gguf_file import forget_gguf_readers
 from pagedserve.common.sampling_params import SamplingParams, StructuredOutputsParams
+from pagedserve.kernels.weight_arena import ARENA
 from pagedserve.server.engine.config.engine_args import EngineArgs
 from pagedserve.server.engine.config.engine_config import CacheConfig
 from pagedserve.server.engine.core.beam_search import BeamState
@@ -97,6 +98,8 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.startup_seconds = time.perf_counter() - started
+        # The packed weights onto huge pages, once the KV cache is resident (weight_arena.py).
+        ARENA.move_to_huge_pages(after=self.kv_cache.wait_prefault)
         logger.info("engine ready in %.1f s (kernel compilation %.1f s; --kernel-backend torch "
                     "skips it)", self.startup_seconds, self.compile_seconds)
 
