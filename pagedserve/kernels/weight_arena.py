@@ -8,9 +8,9 @@ which leaves out the small ones (a 1B model's K and V projections are 0.56 MiB) 
 the others, so the packed weights are cut from regions that start on a 2 MiB boundary.
 
 The repack writes them on 4 KiB pages. Once the engine is up, ``move_to_huge_pages`` moves
-the written part of each region onto huge pages from a thread (``host_memory.
-collapse_huge_pages``), after the KV cache's own prefault, so that neither holds up the other
-or the start-up. Faulting huge pages in during the load instead took the start-up from
+the written part of each region onto huge pages from a thread (``collapse_huge_pages`` in
+``host_memory.py``), after the KV cache's own prefault, so that neither holds up the other or
+the start-up. Faulting huge pages in during the load instead took the start-up from
 2.5-2.8 s to 4.5-4.7 s on a VM whose host hands back the memory a guest frees (each fresh huge
 page faults in 512 of the host's pages); the move takes about as long, off the start-up's
 path. A region whose weights are freed before the move is skipped.
