@@ -42,18 +42,23 @@ def _madvise() -> Callable[[int, int, int], int] | None:
     return function
 
 
+def _advise_whole_huge_pages(start: int, end: int, advice: int) -> bool:
+    """``advice`` over the whole 2 MiB pages in [start, end); whether the kernel took it."""
+    madvise = _madvise()
+    first = -(-start // HUGE_PAGE) * HUGE_PAGE
+    if madvise is None or end - first < HUGE_PAGE:
+        return False
+    return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, advice) == 0)
+
+
 def advise_huge_pages(tensor: torch.Tensor) -> bool:
     """Asks for huge pages under the whole 2 MiB pages of a CPU tensor's memory, which must
     not have been written yet; whether the kernel took the advice."""
-    madvise = _madvise()
-    if madvise is None or tensor.device.type != "cpu":
+    if tensor.device.type != "cpu":
         return False
     start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first = -(-start // HUGE_PAGE) * HUGE_PAGE
-    if end - first < HUGE_PAGE:
-        return False
-    return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE) == 0)
+    return _advise_whole_huge_pages(start, start + tensor.numel() * tensor.element_size(),
+                                    MADV_HUGEPAGE)
 
 
 def collapse_huge_pages(address: int, nbytes: int) -> bool:
@@ -61,12 +66,7 @@ def collapse_huge_pages(address: int, nbytes: int) -> bool:
     memory from ``address`` onto huge pages now (``MADV_COLLAPSE``, Linux 6.1; it copies
     them, and readers may go on meanwhile); whether the kernel did it for all of them. The
     contents never change, so a range freed meanwhile costs nothing but a failed call."""
-    madvise = _madvise()
-    first = -(-address // HUGE_PAGE) * HUGE_PAGE
-    end = address + nbytes
-    if madvise is None or end - first < HUGE_PAGE:
-        return False
-    return bool(madvise(first, (end - first) // HUGE_PAGE * HUGE_PAGE, MADV_COLLAPSE) == 0)
+    return _advise_whole_huge_pages(address, address + nbytes, MADV_COLLAPSE)
 
 
 def populate(tensor: torch.Tensor) -> bool:
