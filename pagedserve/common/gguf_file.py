@@ -11,12 +11,16 @@ copies it out. A file that is not GGUF, is cut short or is malformed raises
 from __future__ import annotations
 
 import os
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
+# The engine loads the tokenizer in a thread beside the model: the first to open a file parses
+# its header, the other waits for it instead of parsing it a second time.
+_READING = threading.Lock()
 
 
 class GGUFFileError(ValueError):
@@ -44,7 +48,8 @@ def open_gguf(path: str | os.PathLike[str]) -> Any:
         stat = path.stat()
     except OSError as exc:
         raise GGUFFileError(f"cannot open GGUF file {str(path)!r}: {exc.strerror}") from exc
-    return _read(path, stat.st_size, stat.st_mtime_ns)
+    with _READING:
+        return _read(path, stat.st_size, stat.st_mtime_ns)
 
 
 def forget_gguf_readers() -> None:

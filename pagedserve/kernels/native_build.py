@@ -43,8 +43,15 @@ class NativeBuildError(RuntimeError):
 
 def c_compiler() -> str | None:
     """$CC, else the first of cc / gcc / clang on the PATH."""
-    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
-    return next((found for name in names if (found := shutil.which(name))), None)
+    return _find_compiler(os.environ.get("CC", ""), os.environ.get("PATH"))
+
+
+@functools.cache
+def _find_compiler(cc: str, path: str | None) -> str | None:
+    """Looked up once per $CC and $PATH: every library's load asks, and each look walks the
+    PATH."""
+    names = [cc] if cc else ["cc", "gcc", "clang"]
+    return next((found for name in names if (found := shutil.which(name, path=path))), None)
 
 
 @functools.cache

@@ -97,8 +97,8 @@ class WeightArena:
     def move_to_huge_pages(self, after: Callable[[], object] | None = None,
                            background: bool = True) -> threading.Thread | None:
         """Moves the sealed regions' written parts onto huge pages, once ``after`` (a wait)
-        has returned: from a daemon thread, which is returned, or here. None where less than
-        a huge page was written."""
+        has returned, unless it returned False: from a daemon thread, which is returned, or
+        here. None where less than a huge page was written."""
         with self._lock:
             sealed, self._sealed = self._sealed, []
         if sum(w.nbytes for w in sealed) < HUGE_PAGE:
@@ -126,8 +126,8 @@ def _aligned(nbytes: int) -> torch.Tensor:
 
 
 def _collapse(written: list[_Written], after: Callable[[], object] | None) -> None:
-    if after is not None:
-        after()
+    if after is not None and after() is False:
+        return
     started = time.perf_counter()
     alive = [w for w in written if w.first() is not None]
     moved = all([collapse_huge_pages(w.address, w.nbytes) for w in alive])

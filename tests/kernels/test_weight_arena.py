@@ -127,3 +127,16 @@ def test_only_the_last_seal_waits_and_freed_weights_are_skipped(caplog):
     # Only the live region of the last seal: 4 MiB, not 4 + 6 (freed) or 6 more (earlier).
     assert "packed weights (4.0 MiB) moved onto huge pages" in caplog.text
     assert int(kept.min()) == int(kept.max()) == 2
+
+
+def test_a_wait_that_returns_false_calls_the_move_off(caplog):
+    arena = WeightArena(region_bytes=4 * HUGE_PAGE)
+    weights = arena.take(2 * HUGE_PAGE)
+    weights.fill_(5)
+    arena.seal()
+    with caplog.at_level("INFO", logger="pagedserve.kernels.weight_arena"):
+        arena.move_to_huge_pages(after=lambda: False, background=False)
+    assert "packed weights" not in caplog.text
+    # The move's list went with the call: a second call has nothing to move.
+    assert arena.move_to_huge_pages(background=False) is None
+    assert int(weights.min()) == int(weights.max()) == 5
