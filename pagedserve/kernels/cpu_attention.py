@@ -48,6 +48,8 @@ PARTS_PER_THREAD = 1
 # A float32 model's decode step from its fused QKV rows, by cache dtype (``rotary_cache_decode``).
 _FUSED = {torch.float32: "rope_cache_decode_f32", torch.bfloat16: "rope_cache_decode_f32_bf16kv",
           torch.float16: "rope_cache_decode_f32_f16kv"}
+# The cache dtypes whose fused decode runs in C.
+FUSED_CACHE_DTYPES = frozenset(_FUSED)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 _FUSED_ARGTYPES = ([_P, _I, _P, _P, _P, _I, _P, _P, _P, _P, _P] + [_I] * 5
                    + [ctypes.c_float, _P, _I, _I, _I])
@@ -206,43 +208,82 @@ def rotary_cache_decode(
     ``paged_attention_decode`` of its query heads; returns out [S, H, D]. A float32 model
     over a float32, bfloat16 or float16 cache runs in C (each thread's part rotates, writes
     and attends its own heads); anything else runs those three ops."""
-    num_seqs, width = qkv.shape[0], qkv.shape[-1]
-    head_dim = key_cache.shape[-1]
-    if not (qkv.is_cpu and qkv.dtype is torch.float32 and key_cache.dtype in _FUSED
-            and qkv.dim() == 2 and qkv.stride(1) == 1 and cos.dtype is torch.float32
-            and cos.is_contiguous() and sin.is_contiguous()
-            and slot_mapping.dtype is torch.int64 and slot_mapping.is_contiguous()
-            and width >= (num_heads + 2 * num_kv_heads) * head_dim
-            and cos.shape == (num_seqs, head_dim // 2) and slot_mapping.shape == (num_seqs,)):
+    step = FusedDecodeStep.of(qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache,
+                              slot_mapping, block_tables, seq_lens, scale)
+    if step is None:
         return _composed_decode(qkv, num_heads, num_kv_heads, cos, sin, key_cache, value_cache,
                                 slot_mapping, block_tables, seq_lens, scale)
-    shapes = ((num_seqs, num_heads, head_dim), key_cache.shape, value_cache.shape,
-              block_tables.shape, seq_lens.shape)
-    if shapes != _checked_shapes[0] or not (key_cache.is_cpu and value_cache.is_cpu
-                                            and block_tables.is_cpu and seq_lens.is_cpu):
-        query = qkv[:, : num_heads * head_dim].view(num_seqs, num_heads, head_dim)
-        attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
-        _checked_shapes[0] = shapes
-    if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
-        raise ValueError("the KV caches must be contiguous [N, B, Hkv, D] tensors")
-    _, block_size, _, _ = key_cache.shape
-    threads = torch.get_num_threads()
-    layout = _step_layout(block_tables, seq_lens, block_size, num_kv_heads, threads)
-    out = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
-    tables, parts = layout.tables, layout.parts
-    num_slots = key_cache.shape[0] * block_size
-    failed = _fused_kernel(key_cache.dtype)(
-        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
-        num_slots, key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(),
-        layout.lens.data_ptr(), out.data_ptr(), num_heads, num_kv_heads, head_dim, block_size,
-        tables.shape[1], scale, parts.data_ptr(), parts.shape[0], threads, num_seqs)
-    if failed == 2:
-        bad = int(torch.nonzero(slot_mapping >= num_slots)[0])
-        raise IndexError(f"slot_mapping[{bad}] = {int(slot_mapping[bad])} is out of range for "
-                         f"a cache of {num_slots} slots")
-    if failed:
-        raise MemoryError("paged decode attention could not allocate its score buffer")
+    out = torch.empty(qkv.shape[0], num_heads, key_cache.shape[-1], dtype=torch.float32)
+    step.run(qkv, key_cache, value_cache, out)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class FusedDecodeStep:
+    """``rotary_cache_decode``'s checks of one step, done once: ``run`` then takes each
+    layer's QKV rows and caches, which must be shaped, typed and laid out as the checked
+    ones (a model's layers are alike), unchecked."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slot_mapping: torch.Tensor
+    layout: _StepLayout
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_slots: int
+    scale: float
+
+    @classmethod
+    def of(cls, qkv: torch.Tensor, num_heads: int, num_kv_heads: int, cos: torch.Tensor,
+           sin: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+           slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+           scale: float) -> FusedDecodeStep | None:
+        """The checked step, or None where the C call does not run these tensors; raises
+        what ``paged_attention_decode`` raises for tensors that disagree."""
+        num_seqs, width = qkv.shape[0], qkv.shape[-1]
+        head_dim = key_cache.shape[-1]
+        if not (qkv.is_cpu and qkv.dtype is torch.float32 and key_cache.dtype in _FUSED
+                and qkv.dim() == 2 and qkv.stride(1) == 1 and cos.dtype is torch.float32
+                and cos.is_contiguous() and sin.is_contiguous()
+                and slot_mapping.dtype is torch.int64 and slot_mapping.is_contiguous()
+                and width >= (num_heads + 2 * num_kv_heads) * head_dim
+                and cos.shape == (num_seqs, head_dim // 2)
+                and slot_mapping.shape == (num_seqs,)):
+            return None
+        shapes = ((num_seqs, num_heads, head_dim), key_cache.shape, value_cache.shape,
+                  block_tables.shape, seq_lens.shape)
+        if shapes != _checked_shapes[0] or not (key_cache.is_cpu and value_cache.is_cpu
+                                                and block_tables.is_cpu and seq_lens.is_cpu):
+            query = qkv[:, : num_heads * head_dim].view(num_seqs, num_heads, head_dim)
+            attention.check_decode(query, key_cache, value_cache, block_tables, seq_lens)
+            _checked_shapes[0] = shapes
+        if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+            raise ValueError("the KV caches must be contiguous [N, B, Hkv, D] tensors")
+        block_size = key_cache.shape[1]
+        layout = _step_layout(block_tables, seq_lens, block_size, num_kv_heads,
+                              torch.get_num_threads())
+        return cls(cos, sin, slot_mapping, layout, num_heads, num_kv_heads, head_dim,
+                   key_cache.shape[0] * block_size, scale)
+
+    def run(self, qkv: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+            out: torch.Tensor) -> None:
+        """One layer's call, into a contiguous float32 out [S, H, D]."""
+        layout, slot_mapping = self.layout, self.slot_mapping
+        tables, parts = layout.tables, layout.parts
+        failed = _fused_kernel(key_cache.dtype)(
+            qkv.data_ptr(), qkv.stride(0), self.cos.data_ptr(), self.sin.data_ptr(),
+            slot_mapping.data_ptr(), self.num_slots, key_cache.data_ptr(),
+            value_cache.data_ptr(), tables.data_ptr(), layout.lens.data_ptr(), out.data_ptr(),
+            self.num_heads, self.num_kv_heads, self.head_dim, layout.block_size,
+            tables.shape[1], self.scale, parts.data_ptr(), parts.shape[0], layout.threads,
+            qkv.shape[0])
+        if failed == 2:
+            bad = int(torch.nonzero(slot_mapping >= self.num_slots)[0])
+            raise IndexError(f"slot_mapping[{bad}] = {int(slot_mapping[bad])} is out of range "
+                             f"for a cache of {self.num_slots} slots")
+        if failed:
+            raise MemoryError("paged decode attention could not allocate its score buffer")
 
 
 def _composed_decode(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, cos: torch.Tensor,

@@ -216,16 +216,23 @@ def _linear(x: torch.Tensor, state: BlockQuantState, bias: torch.Tensor | None) 
         rows = rows.float()
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    m, n = rows.shape[0], state.out_features
-    y = torch.empty(m, n, dtype=torch.float32)
-    threads = cpu_parallel.threads_for(m * n * state.in_features // 16)
-    _library().bq_linear(rows.data_ptr(), rows.stride(0), m, *state.call_args, y.data_ptr(), n,
-                         threads, _PATH_IDS[state.path], state.activation_bits)
+    y = torch.empty(rows.shape[0], state.out_features, dtype=torch.float32)
+    linear_into(rows, state, y)
     if x.dtype != torch.float32:
         y = y.to(x.dtype)
     if x.dim() != 2:
-        y = y.reshape(*x.shape[:-1], n)
+        y = y.reshape(*x.shape[:-1], state.out_features)
     return y if bias is None else y + bias
+
+
+def linear_into(rows: torch.Tensor, state: BlockQuantState, out: torch.Tensor) -> None:
+    """out = rows W^T, unchecked: float32 rows [m, in_features] whose inner stride is 1, into
+    a contiguous float32 out [m, out_features] (the kernel's ``linear`` checks and calls it;
+    so does a caller that has checked a whole step's tensors once)."""
+    m, n = rows.shape[0], state.out_features
+    threads = cpu_parallel.threads_for(m * n * state.in_features // 16)
+    _library().bq_linear(rows.data_ptr(), rows.stride(0), m, *state.call_args, out.data_ptr(),
+                         n, threads, _PATH_IDS[state.path], state.activation_bits)
 
 
 def _nbytes(state: BlockQuantState) -> int:

@@ -52,12 +52,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Same contract as :func:`pagedserve.kernels.layer_ops.rms_norm`."""
     if not (_runs_here(x) and weight.dtype is x.dtype and weight.is_contiguous()):
         return layer_ops.rms_norm(x, weight, eps)
-    rows, hidden = x.shape
     out = _output(x)
+    rms_norm_into(x, weight, eps, out)
+    return out
+
+
+def rms_norm_into(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """:func:`rms_norm` into a contiguous ``out``, unchecked (the caller has checked)."""
+    rows, hidden = x.shape
     _kernel("rms_norm", x.dtype)(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
                                  hidden, hidden, eps, rows,
                                  cpu_parallel.threads_for(rows * hidden))
-    return out
 
 
 def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
@@ -67,12 +72,18 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
             and residual.is_cpu and x.shape == residual.shape and residual.is_contiguous()
             and weight.is_contiguous()):
         return layer_ops.add_rms_norm_(x, residual, weight, eps)
-    rows, hidden = x.shape
     out = torch.empty_like(residual)
+    add_rms_norm_into(x, residual, weight, eps, out)
+    return out
+
+
+def add_rms_norm_into(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                      out: torch.Tensor) -> None:
+    """:func:`add_rms_norm_` into a contiguous ``out``, unchecked (the caller has checked)."""
+    rows, hidden = x.shape
     _kernel("add_rms_norm", x.dtype)(x.data_ptr(), x.stride(0), residual.data_ptr(),
                                      weight.data_ptr(), out.data_ptr(), hidden, eps, rows,
                                      cpu_parallel.threads_for(rows * hidden))
-    return out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -82,9 +93,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()
     rows, width = x.shape
     out = torch.empty(rows, width // 2, dtype=x.dtype)
+    silu_and_mul_into(x, out)
+    return out
+
+
+def silu_and_mul_into(x: torch.Tensor, out: torch.Tensor) -> None:
+    """:func:`silu_and_mul` of a contiguous ``x`` into a contiguous ``out``, unchecked."""
+    rows, width = x.shape
     _kernel("silu_and_mul", x.dtype)(x.data_ptr(), out.data_ptr(), width // 2, rows,
                                      cpu_parallel.threads_for(rows * width))
-    return out
 
 
 def rotary_(x: torch.Tensor, heads: int, cos: torch.Tensor, sin: torch.Tensor) -> None:

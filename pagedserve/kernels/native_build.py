@@ -48,10 +48,10 @@ def c_compiler() -> str | None:
 
 @functools.cache
 def _find_compiler(cc: str, path: str | None) -> str | None:
-    """Looked up once per $CC and $PATH: every library's load asks, and each look walks the
-    PATH."""
+    """Looked up once per $CC and $PATH (``path``, the key: ``which`` reads it itself):
+    every library's load asks, and each look walks the PATH."""
     names = [cc] if cc else ["cc", "gcc", "clang"]
-    return next((found for name in names if (found := shutil.which(name, path=path))), None)
+    return next((found for name in names if (found := shutil.which(name))), None)
 
 
 @functools.cache

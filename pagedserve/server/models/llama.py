@@ -12,6 +12,7 @@ from torch import nn
 from pagedserve.kernels.dispatch import KernelOps
 from pagedserve.server.models.attention import AttentionMetadata, PagedAttention
 from pagedserve.server.models.base import CausalLM, KVCaches
+from pagedserve.server.models.cpu_decode_plan import CpuDecodePlan
 from pagedserve.server.models.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from pagedserve.server.models.model_config import ModelConfig
 from pagedserve.server.models.parallel_group import TensorParallelGroup
@@ -134,6 +135,9 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.norm_eps, ops)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        # A decode-only step's flat run of C calls (cpu_decode_plan.py): None until the first
+        # step, then the plan, or False where the model's parts run otherwise.
+        self.decode_plan: CpuDecodePlan | bool | None = None
 
     def forward(
         self,
@@ -144,6 +148,12 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:  # [T, hidden]
         h = self.embed_tokens(input_ids)  # a fresh tensor: the residual stream adds into it
         cos, sin = self.rotary_emb(positions)  # [T, D/2] each
+        if self.decode_plan is None:  # built at the first step, once the weights are packed
+            self.decode_plan = CpuDecodePlan.of(self) or False
+        if self.decode_plan and self.decode_plan.runs(h, attn, kv_caches):
+            out = self.decode_plan.run(h, cos, sin, attn, kv_caches)
+            if out is not None:
+                return out
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             h, residual = layer(h, residual, cos, sin, attn, kv_cache)
