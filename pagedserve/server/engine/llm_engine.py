@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -52,6 +52,7 @@ from pagedserve.server.sampling.sampler import Sampler
 from pagedserve.server.tokenizer.loader import load_tokenizer
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LLMEngine:
@@ -348,9 +349,9 @@ class LLMEngine:
             observer(stats)
 
 
-def _in_thread(fn: Callable[..., Any], *args: Any) -> Future:
+def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
     """``fn(*args)`` run in a daemon thread; its result or exception in the future."""
-    future: Future = Future()
+    future: Future[T] = Future()
 
     def run() -> None:
         try:

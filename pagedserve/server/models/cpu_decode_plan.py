@@ -56,11 +56,14 @@ class CpuDecodePlan:
     scale: float
 
     @classmethod
-    def of(cls, model: torch.nn.Module) -> CpuDecodePlan | None:
-        """The plan of a ``LlamaModel`` (the decoder stack), or None where one of its parts
+    def of(cls, model: torch.nn.Module, layer_type: type) -> CpuDecodePlan | None:
+        """The plan of a ``LlamaModel`` (the decoder stack) whose layers are all of
+        ``layer_type`` (the Llama layer, not a family's own), or None where one of its parts
         runs otherwise than the plan would."""
         layers = list(model.layers)
         if not layers or not _c_norm(model.norm):
+            return None
+        if any(type(layer) is not layer_type for layer in layers):
             return None
         attn, eps = layers[0].self_attn, model.norm.eps
         shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.attn.scale)
@@ -119,12 +122,8 @@ class CpuDecodePlan:
 
 def _layer_plan(layer: torch.nn.Module, shape: tuple[int, int, int, float],
                 eps: float) -> _Layer | None:
-    """A decoder layer's weights, where it is the plain Llama layer on the C kernels with the
-    model's attention shape and norm epsilon."""
-    from pagedserve.server.models.llama import LlamaDecoderLayer
-
-    if type(layer) is not LlamaDecoderLayer:
-        return None
+    """A Llama decoder layer's weights, where it runs the C kernels with the model's
+    attention shape and norm epsilon, without biases or per-head norms."""
     attn, mlp = layer.self_attn, layer.mlp
     norms = (layer.input_layernorm, layer.post_attention_layernorm)
     if (attn.qk_norm or attn.attn.ops.rotary_cache_decode is not cpu_attention.rotary_cache_decode

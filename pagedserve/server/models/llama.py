@@ -149,7 +149,7 @@ class LlamaModel(nn.Module):
         h = self.embed_tokens(input_ids)  # a fresh tensor: the residual stream adds into it
         cos, sin = self.rotary_emb(positions)  # [T, D/2] each
         if self.decode_plan is None:  # built at the first step, once the weights are packed
-            self.decode_plan = CpuDecodePlan.of(self) or False
+            self.decode_plan = CpuDecodePlan.of(self, LlamaDecoderLayer) or False
         if self.decode_plan and self.decode_plan.runs(h, attn, kv_caches):
             out = self.decode_plan.run(h, cos, sin, attn, kv_caches)
             if out is not None:
