@@ -112,3 +112,18 @@ def test_the_models_context_is_cut_to_what_the_kv_cache_holds_unless_asked_for(c
     with pytest.raises(ValueError, match="max_model_len 512 needs 32 KV blocks of 16 tokens, "
                                          "but the KV cache holds 16 blocks"):
         LLM("tiny", num_kv_blocks=16, max_model_len=512, skip_tokenizer_init=True)
+
+
+def test_the_weights_move_onto_huge_pages_only_after_an_engine_came_up(monkeypatch) -> None:
+    from pagedserve.kernels.weight_arena import ARENA
+    from pagedserve.server import LLM
+
+    waits = []
+    monkeypatch.setattr(ARENA, "move_to_huge_pages",
+                        lambda after=None, background=True: waits.append(after))
+    with pytest.raises(ValueError, match="but the KV cache holds 16 blocks"):
+        LLM("tiny", num_kv_blocks=16, max_model_len=512, skip_tokenizer_init=True)
+    LLM("tiny", num_kv_blocks=16, skip_tokenizer_init=True)
+    # The failed engine's wait calls the move off; the one that came up waits for its
+    # KV cache, then lets it run.
+    assert [wait() for wait in waits] == [False, True]

@@ -95,10 +95,11 @@ class LLMEngine:
         # The packed weights move onto huge pages once the engine is up and its KV cache is
         # resident (weight_arena.py), from a thread started before the KV cache's prefault:
         # started while the prefault holds the address space's lock, it took 0.15 s.
-        self._up = threading.Event()
+        self._up, self._came_up = threading.Event(), False
         ARENA.move_to_huge_pages(after=self._wait_until_up)
         try:
             self._assemble(args)
+            self._came_up = True
         finally:
             self._up.set()
         self.startup_seconds = time.perf_counter() - started
@@ -127,11 +128,9 @@ class LLMEngine:
     def _wait_until_up(self) -> bool:
         """Waits for the engine to be up and its KV cache resident; whether it came up."""
         self._up.wait()
-        kv_cache = getattr(self, "kv_cache", None)
-        if kv_cache is None or not hasattr(self, "generation_tokens_total"):
-            return False
-        kv_cache.wait_prefault()
-        return True
+        if self._came_up:
+            self.kv_cache.wait_prefault()
+        return self._came_up
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> LLMEngine:
