@@ -85,6 +85,20 @@ def max_seq_len(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: 
     return hi
 
 
+def check_prefill(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    """Raises ValueError unless the packed prefill inputs fit together (the query lengths
+    themselves: :func:`query_lengths`)."""
+    _check_common(query, key_cache, value_cache, block_tables, seq_lens)
+    _check_one_device(query=query, query_start_loc=query_start_loc)
+
+
 def _gather_slots(
     block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int
 ) -> torch.Tensor:
@@ -109,15 +123,17 @@ def _attend(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    allowed: torch.Tensor,
+    allowed: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    """query [S, Q, H, D], key/value [S, L, Hkv, D], allowed bool [S, Q, L] → [S, Q, H, D]."""
+    """query [S, Q, H, D], key/value [S, L, Hkv, D], allowed bool [S, Q, L] → [S, Q, H, D].
+    ``allowed`` None: query row i sees key positions 0..i (Q == L)."""
     out = F.scaled_dot_product_attention(
         query.transpose(1, 2),
         key.transpose(1, 2),
         value.transpose(1, 2),
-        attn_mask=allowed[:, None],
+        attn_mask=None if allowed is None else allowed[:, None],
+        is_causal=allowed is None,
         scale=scale,
         enable_gqa=query.shape[2] != key.shape[2],
     )
@@ -178,9 +194,11 @@ def _decode_padded(
     return _attend(query[:, None], key, value, allowed, scale)[:, 0]
 
 
-def _query_lens(
+def query_lengths(
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, num_tokens: int
 ) -> torch.Tensor:
+    """Each sequence's query rows from ``query_start_loc`` [S+1]; ValueError unless every
+    sequence has 1..seq_len of them and they add up to the ``num_tokens`` rows."""
     if query_start_loc.shape != (seq_lens.shape[0] + 1,):
         raise ValueError(
             f"query_start_loc must be [S+1] = [{seq_lens.shape[0] + 1}], "
@@ -218,12 +236,23 @@ def _prefill_padded(
     step_clamped = torch.minimum(step[None, :], (query_lens - 1)[:, None])  # [S, Q]
     rows = starts[:, None] + step_clamped
     # Query row i of a sequence sits at position context_len + i.
-    last_visible = (seq_lens - query_lens)[:, None] + step_clamped  # [S, Q]
-    positions = torch.arange(max_len, device=query.device)
-    allowed = positions[None, None, :] <= last_visible[:, :, None]  # [S, Q, L]
+    # Prompts without cached context see positions 0..i, the causal mask itself: SDPA then
+    # skips the masked blocks and builds no mask (about half of a prompt's attention).
+    allowed = None
+    if bool((seq_lens != query_lens).any()):
+        last_visible = (seq_lens - query_lens)[:, None] + step_clamped  # [S, Q]
+        positions = torch.arange(max_len, device=query.device)
+        allowed = positions[None, None, :] <= last_visible[:, :, None]  # [S, Q, L]
     slots = _gather_slots(block_tables, seq_lens, max_len, block_size)
     key, value = (_gather(key_cache, slots, query.dtype),
                   _gather(value_cache, slots, query.dtype))
+    first, num = int(starts[0]), starts.numel()
+    if bool((rows.view(-1) == torch.arange(first, first + num * max_q)).all()):
+        # Queries of one length packed in order (a batch of prompts): views, not copies.
+        packed = slice(first, first + num * max_q)
+        out[packed] = _attend(query[packed].view(num, max_q, *query.shape[1:]), key, value,
+                              allowed, scale).reshape(-1, *query.shape[1:])
+        return
     result = _attend(query[rows], key, value, allowed, scale)  # [S, Q, H, D]
     real = step[None, :] < query_lens[:, None]
     out[rows[real]] = result[real]
@@ -243,10 +272,9 @@ def paged_attention_prefill(
     q_len positions; row i attends causally to positions ``<= seq_lens[s] - q_len + i``,
     cached context included (chunked prefill, prefix hits) → [T, H, D]. ``decode`` (default
     :func:`paged_attention_decode`) computes the rows with q_len 1."""
-    _check_common(query, key_cache, value_cache, block_tables, seq_lens)
-    _check_one_device(query=query, query_start_loc=query_start_loc)
+    check_prefill(query, key_cache, value_cache, block_tables, query_start_loc, seq_lens)
     decode = decode or paged_attention_decode
-    query_lens = _query_lens(query_start_loc, seq_lens, query.shape[0]).long()
+    query_lens = query_lengths(query_start_loc, seq_lens, query.shape[0]).long()
     single = query_lens == 1
     if bool(single.all()):
         return decode(query, key_cache, value_cache, block_tables, seq_lens, scale)

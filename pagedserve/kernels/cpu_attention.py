@@ -311,12 +311,43 @@ def paged_attention_prefill(
     seq_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Same contract as :func:`pagedserve.kernels.attention.paged_attention_prefill`; its
-    decode rows run the C kernel."""
+    """Same contract as :func:`pagedserve.kernels.attention.paged_attention_prefill`. Where
+    every sequence is short (``ROW_WISE_MAX_LEN``) each query row runs the C decode kernel as
+    a query of its own; otherwise the reference path runs, its decode rows in C."""
+    if ((query.dtype, key_cache.dtype) in _FUNCTIONS and query.is_cpu
+            and int(seq_lens.max()) <= ROW_WISE_MAX_LEN):
+        return _row_wise_prefill(query, key_cache, value_cache, block_tables, query_start_loc,
+                                 seq_lens, scale)
     return attention.paged_attention_prefill(
         query, key_cache, value_cache, block_tables, query_start_loc, seq_lens, scale,
         decode=paged_attention_decode,
     )
+
+
+# The longest sequence whose prefill runs row by row. Row i of a prompt sees its sequence's
+# positions up to its own, which is a decode query of that length: the decode kernel reads
+# those rows again for each query row, where SDPA reads each block once but pays more per
+# block. Measured on 2 threads, float16 cache, 32 query and 8 KV heads of 64, milliseconds a
+# layer (SDPA / row by row): 16 prompts of 128 tokens 34.7 / 19.4, 8 of 256 52.3 / 40.1,
+# 2 of 512 39.9 / 39.1, one of 1024 70.2 / 111.8, 256 new tokens after 768 cached 37.1 / 101.8.
+ROW_WISE_MAX_LEN = 256
+
+
+def _row_wise_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                      seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Every query row as a decode query: its sequence's table, and as length the position
+    it sits at plus one."""
+    attention.check_prefill(query, key_cache, value_cache, block_tables, query_start_loc,
+                            seq_lens)
+    rows = query.shape[0]
+    query_lens = attention.query_lengths(query_start_loc, seq_lens, rows).long()
+    sequence = torch.repeat_interleave(torch.arange(seq_lens.shape[0]), query_lens)
+    # Row t of sequence s (rows start .. end - 1) sits at position seq_len - (end - t).
+    ends = query_start_loc[1:].long()[sequence]
+    lens = seq_lens.long()[sequence] - (ends - torch.arange(rows))
+    return paged_attention_decode(query, key_cache, value_cache, block_tables[sequence],
+                                  (lens + 1).to(torch.int32), scale)
 
 
 def warm_up(

@@ -65,6 +65,7 @@ _SIGNATURES = {
     "bq_repack": ([_I, _P, _I, _I, _I, _P, _I], _I),
     "bq_dequantize_rows": ([_I, _P, _I, _I, _P, _I, _P, _I], None),
     "bq_linear": ([_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I], None),
+    "bq_quantize": ([_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P], None),
 }
 
 
@@ -233,6 +234,29 @@ def linear_into(rows: torch.Tensor, state: BlockQuantState, out: torch.Tensor) -
     threads = cpu_parallel.threads_for(m * n * state.in_features // 16)
     _library().bq_linear(rows.data_ptr(), rows.stride(0), m, *state.call_args, out.data_ptr(),
                          n, threads, _PATH_IDS[state.path], state.activation_bits)
+
+
+def quantize_activations(x: torch.Tensor, bits: int = 8, vector: bool = True,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 rows [m, k] as the kernel quantizes them before its dot products: the codes
+    [m, k rounded up to 32] (int8, or int16 for ``bits`` 16), and per block of 32 the scale,
+    the scaled sum and the two half sums [m, blocks, 2]. ``vector`` False takes the plain
+    loop where the CPU has the AVX-512 one (``csrc/bq_quantize.h``: the two give the same
+    values)."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("the block-quant C kernel is not built on this machine")
+    if bits not in (8, 16) or x.dtype != torch.float32 or x.dim() != 2:
+        raise ValueError(f"quantize_activations takes float32 rows [m, k] and 8 or 16 bits, "
+                         f"got {x.dtype} {list(x.shape)} and {bits}")
+    x = x.contiguous()
+    m, k = x.shape
+    blocks = -(-k // 32)
+    codes = torch.empty(m, 32 * blocks, dtype=torch.int8 if bits == 8 else torch.int16)
+    scales, sums = torch.empty(2, m, blocks), torch.empty(m, blocks, 2, dtype=torch.int32)
+    library.bq_quantize(x.data_ptr(), k, m, k, 32 * blocks, bits, int(vector), codes.data_ptr(),
+                        scales[0].data_ptr(), scales[1].data_ptr(), sums.data_ptr())
+    return codes, scales[0], scales[1], sums
 
 
 def _nbytes(state: BlockQuantState) -> int:

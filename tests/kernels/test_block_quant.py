@@ -125,6 +125,42 @@ def _check(kernel, qtype, raw: np.ndarray, weight, rows: int, seed: int, bits: i
     assert float((y.double() - plain).norm() / plain.norm()) < (0.015 if bits == 8 else 1e-4)
 
 
+def _awkward_rows(k: int) -> torch.Tensor:
+    """Rows whose quantization has edges: ties at half a step, a zero block, negative zeros,
+    float16-subnormal scales, the largest floats, an infinity and a NaN."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(9, k, generator=g)
+    x[0] = torch.arange(k) % 32 - 15.5  # amax 16.5: codes at exact halves of a step
+    x[1, :32] = 0.0
+    x[1, 32:64] = -0.0
+    x[2] *= 1e-6
+    x[3] *= 1e-40  # denormal inputs
+    x[4] = torch.finfo(torch.float32).max * torch.sign(x[4])
+    x[5, 3] = float("inf")
+    x[6, 40] = float("nan")
+    x[7] = torch.round(x[7] * 4) / 4  # quarter steps: many ties after scaling
+    return x
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+@pytest.mark.parametrize("k", [64, 70, 2048])  # 70: a last block zero past k
+def test_the_vector_quantizer_gives_the_plain_loops_values(bits, k) -> None:
+    if "vnni" not in cpu_block_quant.cpu_paths():
+        pytest.skip("this CPU has no AVX-512 path")
+    x = _awkward_rows(k)
+    vector = cpu_block_quant.quantize_activations(x, bits, vector=True)
+    plain = cpu_block_quant.quantize_activations(x, bits, vector=False)
+    for a, b in zip(vector, plain, strict=True):
+        assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
+                           b.view(torch.int32) if b.is_floating_point() else b)
+    # and on the ordinary rows they are the rounding the other tests model (_as_quantized)
+    ordinary = [0, 1, 2, 7]
+    codes, scales = plain[0][ordinary].float(), plain[1][ordinary]
+    blocks = codes.shape[1] // 32
+    dequantized = (codes.view(4, blocks, 32) * scales[..., None]).view(4, -1)[:, :k]
+    assert torch.equal(dequantized, _as_quantized(x[ordinary], bits)[0])
+
+
 @pytest.mark.parametrize("rows", [1, 7, 33, 70])  # 70: two chunks of rows, a partial tile
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_every_type_matches_its_dequantization(path, qtype, rows) -> None:
@@ -201,6 +237,18 @@ def test_any_number_of_threads_writes_what_one_thread_writes(path, rows) -> None
     assert not one.isnan().any()
     for threads in (2, 3, 7):
         assert torch.equal(run(threads), one)
+
+
+def test_rows_past_one_slab_are_what_each_row_gives_alone(path) -> None:
+    # 8192 inputs: a call takes its rows in slabs of 256 (as many as the kept activation
+    # buffer holds); 300 rows cross a slab's end inside a chunk and a tile of rows.
+    _, weight = _weight(T.Q4_K, 40, 8192, 10)
+    kernel = cpu_block_quant.with_path(path)
+    state = kernel.prepare(weight)
+    x = torch.randn(300, 8192, generator=torch.Generator().manual_seed(11))
+    y = kernel.linear(x, state, None)
+    for rows in (slice(0, 1), slice(250, 262), slice(299, 300)):
+        assert torch.equal(y[rows], kernel.linear(x[rows], state, None))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

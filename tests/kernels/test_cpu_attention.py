@@ -158,9 +158,24 @@ def test_split_balances_the_context_read():
     assert cpu_parallel.balanced_bounds(lens[:1], 4) == [0, 1]
 
 
+# 0: every prefill takes the reference path (SDPA), its decode rows in C; the default: these
+# short sequences run row by row in the decode kernel.
+@pytest.mark.parametrize("row_wise_max_len", [0, cpu_attention.ROW_WISE_MAX_LEN])
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_prefill_with_prefix_hits_and_decode_rows(block_size):
+def test_prefill_with_prefix_hits_and_decode_rows(block_size, row_wise_max_len, monkeypatch):
+    monkeypatch.setattr(cpu_attention, "ROW_WISE_MAX_LEN", row_wise_max_len)
     check_prefill_with_prefix_hits(cpu_attention.paged_attention_prefill, block_size)
+
+
+def test_a_row_wise_prefill_refuses_what_the_reference_refuses():
+    kv = cpu_paged_kv([5, 9], 2, 64, 8, torch.float32)
+    query = cpu_queries(14, 8, 64, torch.float32)
+    args = (kv.key_cache, kv.value_cache, kv.block_tables)
+    uneven = torch.tensor([0, 6, 14], dtype=torch.int32)  # 6 rows for a sequence of 5
+    for prefill in (cpu_attention.paged_attention_prefill, REFERENCE.paged_attention_prefill):
+        with pytest.raises(ValueError, match=r"every sequence needs 1 <= q_len <= seq_len .* "
+                                             r"got q_lens \[6, 8\], seq_lens \[5, 9\]"):
+            prefill(query, *args, uneven, kv.seq_lens, SCALE)
 
 
 def test_bad_input_is_the_reference_error():

@@ -19,6 +19,7 @@
 #endif
 
 #include "bq_float16.h"
+#include "bq_quantize.h"
 #include "bq_schedule.h"
 
 #define CHUNK_ROWS 64
@@ -99,86 +100,16 @@ void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t rows, int64
     }
 }
 
-/* float -> float16 -> float, rounding to nearest even, for d >= 0. */
-static float round_f16(float d) {
-    if (d < 6.103515625e-05f) { /* float16 subnormals: steps of 2^-24 */
-        const float steps = d * 16777216.0f;
-        const int32_t whole = (int32_t)steps;
-        const float frac = steps - (float)whole;
-        const int32_t up = frac > 0.5f || (frac == 0.5f && (whole & 1));
-        return (float)(whole + up) * 5.9604644775390625e-08f;
-    }
-    uint32_t bits;
-    memcpy(&bits, &d, sizeof bits);
-    bits += 0x0fffu + ((bits >> 13) & 1u);
-    bits &= ~0x1fffu;
-    float out;
-    memcpy(&out, &bits, sizeof out);
-    return out > 65504.0f ? 65504.0f : out;
-}
-
-/* Row r's block b, already quantized (codes at q), into the tiled activations. */
-static void tile_block(const bq_acts *xa, const int8_t *q, int64_t r, int64_t b) {
-    bq_tiled *T = (bq_tiled *)xa->tiled + (r / BQ_TILE_ROWS) * xa->blocks + b;
-    const int i = (int)(r % BQ_TILE_ROWS);
-    const int64_t blk = r * xa->blocks + b;
-    for (int c = 0; c < BQ_TILE / 4; c++) memcpy(T->codes[c][i], q + 4 * c, 4);
-    T->da[i] = xa->da[blk];
-    T->sum[0][i] = xa->s16[2 * blk];
-    T->sum[1][i] = xa->s16[2 * blk + 1];
-    T->sum[2][i] = xa->s16[2 * blk] + xa->s16[2 * blk + 1];
-    for (int h = 0; h < 3; h++) T->min[h][i] = xa->da[blk] * (float)T->sum[h][i];
-    T->sx[i] = xa->sx[blk];
-}
-
-/* Row r of x into the activations (module doc of bq_kernel.h). rintf rounds half to even
- * (the default rounding mode) and vectorises; the clones for AVX2 and AVX-512 compute the
- * same values as the baseline's, one IEEE operation at a time. */
-#if BQ_X86
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r) {
-    const int wide = xa->qa16 != NULL;
-    const float top = wide ? 32767.0f : 127.0f;
-    int8_t *qa = (int8_t *)xa->qa + r * xa->blocks * BQ_TILE;
-    int16_t *qa16 = (int16_t *)xa->qa16 + r * xa->blocks * BQ_TILE;
-    for (int64_t b = 0; b < xa->blocks; b++) {
-        const int64_t blk = r * xa->blocks + b;
-        float vals[BQ_TILE];
-        uint32_t top_bits = 0; /* of the largest magnitude: integer order is float order */
-        if ((b + 1) * BQ_TILE <= k) {
-            memcpy(vals, x + b * BQ_TILE, sizeof vals);
-        } else { /* the last block, zero past k */
-            for (int j = 0; j < BQ_TILE; j++)
-                vals[j] = b * BQ_TILE + j < k ? x[b * BQ_TILE + j] : 0.0f;
-        }
-        for (int j = 0; j < BQ_TILE; j++) {
-            uint32_t bits;
-            memcpy(&bits, &vals[j], sizeof bits);
-            bits &= 0x7fffffffu;
-            top_bits = bits > top_bits ? bits : top_bits;
-        }
-        float amax;
-        memcpy(&amax, &top_bits, sizeof amax);
-        const float d = amax / top, inv = amax > 0 ? top / amax : 0.0f;
-        int32_t q[BQ_TILE], sums[2] = {0, 0};
-        for (int j = 0; j < BQ_TILE; j++) q[j] = (int32_t)__builtin_rintf(vals[j] * inv);
-        for (int j = 0; j < BQ_TILE / 2; j++) {
-            sums[0] += q[j];
-            sums[1] += q[j + BQ_TILE / 2];
-        }
-        if (wide)
-            for (int j = 0; j < BQ_TILE; j++) qa16[b * BQ_TILE + j] = (int16_t)q[j];
-        else
-            for (int j = 0; j < BQ_TILE; j++) qa[b * BQ_TILE + j] = (int8_t)q[j];
-        ((int32_t *)xa->s16)[2 * blk] = sums[0];
-        ((int32_t *)xa->s16)[2 * blk + 1] = sums[1];
-        ((float *)xa->da)[blk] = wide ? d : round_f16(d);
-        /* GGUF's Q8_1 keeps d * sum in float16 */
-        const float sum = d * (float)(sums[0] + sums[1]);
-        ((float *)xa->sx)[blk] = wide ? sum : (sum < 0 ? -round_f16(-sum) : round_f16(sum));
-        if (xa->tiled != NULL) tile_block(xa, qa + b * BQ_TILE, r, b);
-    }
+/* The activations of x [rows, k] as bq_linear quantizes them (act_bits 8 or 16), by the
+ * AVX-512 loop where `vector` and the CPU has it, else the plain one: codes [rows, k_pad]
+ * (int8 or int16), then per block of 32 its scale, scaled sum and two half sums. */
+void bq_quantize(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
+                 int64_t act_bits, int64_t vector, void *codes, float *da, float *sx,
+                 int32_t *s16) {
+    const int wide = act_bits == 16;
+    const bq_acts xa = {wide ? NULL : (int8_t *)codes, wide ? (int16_t *)codes : NULL, da, s16,
+                        sx, k_pad / BQ_TILE, x, x_stride, NULL};
+    for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r, (int)vector);
 }
 
 typedef bq_tile_fn tile_fn;
@@ -243,35 +174,36 @@ static void group_rows(const segment_run *run, const bq_acts *xa, int64_t g, int
     }
 }
 
-/* y [rows, n] (row stride y_stride) = x [rows, k] (row stride x_stride) times the weight^T.
- * The weight is nseg row segments: segs[4 s ..] = (type, rows, byte offset into packed,
- * first column of y), each packed for k_pad inputs (k rounded up to whole blocks). path:
- * enum bq_path (one bq_paths() has); act_bits 8 or 16.
- *
- * The work items are (chunk of CHUNK_ROWS rows, chunk of groups), row chunks outermost, shared
- * out as bq_schedule.h says. */
-void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
-               const uint8_t *packed, const int64_t *segs, int64_t nseg, float *y,
-               int64_t y_stride, int64_t threads, int64_t path, int64_t act_bits) {
+/* The activations' bytes per row: plain codes, then da, sx and s16 (4-byte values), then the
+ * x86 paths' tiled copy (bq_tiled, 8 rows at a time). */
+static size_t acts_row_bytes(int64_t k_pad, int wide) {
     const int64_t blocks = k_pad / BQ_TILE;
-    const int wide = act_bits == 16;
-    segment_run few[8];
-    segment_run *runs = nseg <= 8 ? few : malloc((size_t)nseg * sizeof *runs);
-    int64_t groups = 0;
-    int quantized = 0; /* whether any segment reads quantized activations */
-    for (int64_t i = 0; i < nseg; i++) {
-        const bq_layout *L = bq_find(segs[4 * i]);
-        quantized |= !bq_is_float16(L);
-        runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad, segs[4 * i + 1]),
-                                pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
-        groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
-    }
-    /* qa (int8 or int16 codes), then da, sx and s16 (4-byte values), then the x86 paths'
-     * tiled copy (bq_tiled) */
-    const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
+    return (size_t)(k_pad * (wide ? 2 : 1) + blocks * 16) +
+           (size_t)blocks * sizeof(bq_tiled) / BQ_TILE_ROWS;
+}
+
+/* Rows of one bq_linear call at a time: as many as the kept activation buffer holds (whole
+ * chunks of rows), so that a long prefill neither allocates nor faults in a buffer of its
+ * own on every call; each slab's activations are written and read while they are in cache. */
+static int64_t slab_rows(int64_t k_pad, int wide) {
+    const int64_t fit = (int64_t)(KEEP_BYTES / acts_row_bytes(k_pad, wide)) / CHUNK_ROWS * CHUNK_ROWS;
+    return fit > CHUNK_ROWS ? fit : CHUNK_ROWS;
+}
+
+typedef struct {
+    const segment_run *runs;
+    int64_t nseg, groups, k, k_pad, threads;
+    int quantized, wide, vector, tiles; /* tiles: whether the path reads bq_tiled */
+} linear_plan;
+
+/* y [rows, ...] = x [rows, k] times the weight^T, for rows that fit one slab. */
+static void linear_slab(const linear_plan *p, const float *x, int64_t x_stride, int64_t rows,
+                        float *y, int64_t y_stride) {
+    const int64_t blocks = p->k_pad / BQ_TILE, threads = p->threads, groups = p->groups;
+    const size_t code_bytes = (size_t)(rows * p->k_pad) * (p->wide ? 2 : 1);
     const size_t codes_at = (code_bytes + 63) / 64 * 64;
     const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 16 + 63) / 64 * 64;
-    const int tiled = path != PATH_PORTABLE && !wide && quantized && rows >= 4;
+    const int tiled = p->tiles && rows >= 4;
     const size_t tiled_bytes =
         tiled ? (size_t)((rows + BQ_TILE_ROWS - 1) / BQ_TILE_ROWS * blocks) * sizeof(bq_tiled) : 0;
     void *owned;
@@ -279,10 +211,8 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
     float *da = (float *)(buf + codes_at);
     float *sx = da + rows * blocks;
     int32_t *s16 = (int32_t *)(sx + rows * blocks);
-    const bq_acts xa = {wide ? NULL : (int8_t *)buf, wide ? (int16_t *)buf : NULL, da, s16, sx,
-                        blocks, x, x_stride, tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
-    if (threads < 1) threads = 1;
-    if (threads > BQ_MAX_RUNS) threads = BQ_MAX_RUNS;
+    const bq_acts xa = {p->wide ? NULL : (int8_t *)buf, p->wide ? (int16_t *)buf : NULL, da, s16,
+                        sx, blocks, x, x_stride, tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
     int64_t per_item = groups / (threads * ITEMS_PER_THREAD);
     if (per_item < 1) per_item = 1;
     const int64_t group_items = (groups + per_item - 1) / per_item;
@@ -291,14 +221,16 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
     bq_runs_init(spans, (int)threads, row_chunks * group_items);
     /* A few rows (a decode step) are quantized before the threads start: a barrier between
      * the two phases costs a time slice whenever another process holds a core. */
-    const int split = quantized && rows >= CHUNK_ROWS;
+    const int quantized = p->quantized, split = quantized && rows >= CHUNK_ROWS;
     if (quantized && !split)
-        for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
+        for (int64_t r = 0; r < rows; r++)
+            quantize_row(&xa, x + r * x_stride, p->k, r, p->vector);
 #pragma omp parallel num_threads(threads)
     {
         if (split) {
 #pragma omp for schedule(static)
-            for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r);
+            for (int64_t r = 0; r < rows; r++)
+                quantize_row(&xa, x + r * x_stride, p->k, r, p->vector);
         }
         int self = 0;
 #ifdef _OPENMP
@@ -311,13 +243,45 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
             const int64_t first = item % group_items * per_item;
             const int64_t last = first + per_item < groups ? first + per_item : groups;
             for (int64_t gi = first; gi < last; gi++) {
-                while (i + 1 < nseg && gi >= runs[i + 1].first_group) i++;
-                while (i > 0 && gi < runs[i].first_group) i--;
-                group_rows(&runs[i], &xa, gi - runs[i].first_group, chunk, chunk_end, y,
+                while (i + 1 < p->nseg && gi >= p->runs[i + 1].first_group) i++;
+                while (i > 0 && gi < p->runs[i].first_group) i--;
+                group_rows(&p->runs[i], &xa, gi - p->runs[i].first_group, chunk, chunk_end, y,
                            y_stride);
             }
         }
     }
-    if (runs != few) free(runs);
     free(owned);
+}
+
+/* y [rows, n] (row stride y_stride) = x [rows, k] (row stride x_stride) times the weight^T.
+ * The weight is nseg row segments: segs[4 s ..] = (type, rows, byte offset into packed,
+ * first column of y), each packed for k_pad inputs (k rounded up to whole blocks). path:
+ * enum bq_path (one bq_paths() has); act_bits 8 or 16.
+ *
+ * The rows go in slabs (slab_rows); within one, the work items are (chunk of CHUNK_ROWS rows,
+ * chunk of groups), row chunks outermost, shared out as bq_schedule.h says. */
+void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
+               const uint8_t *packed, const int64_t *segs, int64_t nseg, float *y,
+               int64_t y_stride, int64_t threads, int64_t path, int64_t act_bits) {
+    const int wide = act_bits == 16;
+    segment_run few[8];
+    segment_run *runs = nseg <= 8 ? few : malloc((size_t)nseg * sizeof *runs);
+    int64_t groups = 0;
+    int quantized = 0; /* whether any segment reads quantized activations */
+    for (int64_t i = 0; i < nseg; i++) {
+        const bq_layout *L = bq_find(segs[4 * i]);
+        quantized |= !bq_is_float16(L);
+        runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad, segs[4 * i + 1]),
+                                pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
+        groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
+    }
+    if (threads < 1) threads = 1;
+    if (threads > BQ_MAX_RUNS) threads = BQ_MAX_RUNS;
+    const linear_plan plan = {runs, nseg, groups, k, k_pad, threads, quantized, wide,
+                              path == PATH_VNNI, path != PATH_PORTABLE && !wide && quantized};
+    const int64_t slab = slab_rows(k_pad, wide);
+    for (int64_t r = 0; r < rows; r += slab)
+        linear_slab(&plan, x + r * x_stride, x_stride, rows - r < slab ? rows - r : slab,
+                    y + r * y_stride, y_stride);
+    if (runs != few) free(runs);
 }

@@ -147,6 +147,8 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
             const uint8_t *tile = bq_tile(s, g, t);
             const bq_tiled *T = (const bq_tiled *)(tiled ? at + t * sizeof(bq_tiled) : NULL);
             if (x == 0) bq_prefetch(s, L, g, t);
+            /* unrolled, so that each half's chunk loop has constant bounds */
+#pragma GCC unroll 2
             for (int h = 0; h < halves; h++) {
                 __m256i dot[AVX2_ROWS], hi[AVX2_ROWS], more[AVX2_ROWS][4];
                 for (int r = 0; r < nr; r++) {

@@ -134,6 +134,8 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
         /* block t's tiled activations, shifted by i0 rows: T->x[r] is row i0 + r's */
         const bq_tiled *T = (const bq_tiled *)(at);
         bq_prefetch(s, L, g, t);
+        /* unrolled, so that each half's chunk loop has constant bounds */
+#pragma GCC unroll 2
         for (int h = 0; h < halves; h++) {
             /* few rows: even and odd chunks in two sums, so that the dot products of one row
              * are not one chain of dependent instructions */
