@@ -15,7 +15,9 @@ every thread reads its share of the context. The parts run on torch's OpenMP thr
 the cuts are derived once per step and reused by every layer while the tables and lengths
 they came from are unchanged. float32 and bfloat16 run here, and a float32 query over a
 bfloat16 or float16 cache (each row widened to float32 as it is read); other dtypes take the
-compiled kernel. Prefill rows keep the reference path; decode rows of a mixed step come here.
+compiled kernel. A step whose sequences are all short runs its prefill rows here too, each
+row as a decode query of its own length (``ROW_WISE_MAX_LEN``); longer ones keep the
+reference path (SDPA), their decode rows here.
 ``rotary_cache_decode`` takes a float32 model's decode step from its QKV rows: rotary
 embedding, KV write and attention in the one call.
 """
