@@ -85,14 +85,9 @@ def max_seq_len(seq_lens: torch.Tensor, block_tables: torch.Tensor, block_size: 
     return hi
 
 
-def check_prefill(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-) -> None:
+def check_prefill(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                  block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                  seq_lens: torch.Tensor) -> None:
     """Raises ValueError unless the packed prefill inputs fit together (the query lengths
     themselves: :func:`query_lengths`)."""
     _check_common(query, key_cache, value_cache, block_tables, seq_lens)
