@@ -242,7 +242,8 @@ def _prefill_padded(
     key, value = (_gather(key_cache, slots, query.dtype),
                   _gather(value_cache, slots, query.dtype))
     first, num = int(starts[0]), starts.numel()
-    if bool((rows.view(-1) == torch.arange(first, first + num * max_q)).all()):
+    in_order = torch.arange(first, first + num * max_q, device=rows.device)
+    if bool((rows.view(-1) == in_order).all()):
         # Queries of one length packed in order (a batch of prompts): views, not copies.
         packed = slice(first, first + num * max_q)
         out[packed] = _attend(query[packed].view(num, max_q, *query.shape[1:]), key, value,

@@ -161,6 +161,14 @@ def test_the_vector_quantizer_gives_the_plain_loops_values(bits, k) -> None:
     assert torch.equal(dequantized, _as_quantized(x[ordinary], bits)[0])
 
 
+def test_quantize_activations_names_what_it_takes() -> None:
+    with pytest.raises(ValueError, match=r"^quantize_activations takes float32 rows \[m, k\] and "
+                                         r"8 or 16 bits, got torch.float64 \[2, 3\] and 8$"):
+        cpu_block_quant.quantize_activations(torch.zeros(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"got torch.float32 \[2, 3\] and 4$"):
+        cpu_block_quant.quantize_activations(torch.zeros(2, 3), bits=4)
+
+
 @pytest.mark.parametrize("rows", [1, 7, 33, 70])  # 70: two chunks of rows, a partial tile
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_every_type_matches_its_dequantization(path, qtype, rows) -> None:
