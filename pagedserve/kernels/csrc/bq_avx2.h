@@ -140,13 +140,20 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
     const uint8_t *at = !tiled ? NULL
                              : (const uint8_t *)(xa->tiled + r0 / BQ_TILE_ROWS * xa->blocks) +
                                    4 * (r0 % BQ_TILE_ROWS);
-    for (int x = 0; x < 2; x++) {
-        __m256 acc[AVX2_ROWS];
-        for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    /* One row takes both halves in one pass over the tiles, so that each of its activations
+     * is broadcast once and each tile's scales are found once; more rows would not keep
+     * both halves' sums in 16 registers. */
+    const int both = nr == 1, passes = both ? 1 : 2;
+    for (int pass = 0; pass < passes; pass++) {
+        __m256 acc[2][AVX2_ROWS];
+        for (int r = 0; r < nr; r++) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
         for (int64_t t = 0; t < s->tiles; t++) {
             const uint8_t *tile = bq_tile(s, g, t);
             const bq_tiled *T = (const bq_tiled *)(tiled ? at + t * sizeof(bq_tiled) : NULL);
-            if (x == 0) bq_prefetch(s, L, g, t);
+            if (pass == 0) bq_prefetch(s, L, g, t);
+#pragma GCC unroll 2
+            for (int xi = 0; xi < 2 - passes + 1; xi++) {
+            const int x = both ? xi : pass;
             /* unrolled, so that each half's chunk loop has constant bounds */
 #pragma GCC unroll 2
             for (int h = 0; h < halves; h++) {
@@ -192,15 +199,18 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                     for (int i = 1; i < chains; i++) d = _mm256_add_epi32(d, more[r][i]);
                     if (wide) /* (output, pair) lanes -> outputs 0-7 */
                         d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
-                    acc[r] = avx2_apply(
-                        L, acc[r], d, D, M,
+                    acc[xi][r] = avx2_apply(
+                        L, acc[xi][r], d, D, M,
                         tiled ? bq_tiled_scales(L, T, r, h, halves)
                               : bq_plain_scales(L, xa, (r0 + r) * xa->blocks + t, h, halves),
                         offset);
                 }
             }
+            }
         }
-        for (int r = 0; r < nr; r++) _mm256_storeu_ps(out[r] + 8 * x, acc[r]);
+        for (int xi = 0; xi < 2 - passes + 1; xi++)
+            for (int r = 0; r < nr; r++)
+                _mm256_storeu_ps(out[r] + 8 * (both ? xi : pass), acc[xi][r]);
     }
 }
 
