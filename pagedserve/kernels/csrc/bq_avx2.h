@@ -143,7 +143,7 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
     /* One row takes both halves in one pass over the tiles, so that each of its activations
      * is broadcast once and each tile's scales are found once; more rows would not keep
      * both halves' sums in 16 registers. */
-    const int both = nr == 1, passes = both ? 1 : 2;
+    const int both = nr == 1, passes = both ? 1 : 2, halves_a_pass = both ? 2 : 1;
     for (int pass = 0; pass < passes; pass++) {
         __m256 acc[2][AVX2_ROWS];
         for (int r = 0; r < nr; r++) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
@@ -152,63 +152,65 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
             const bq_tiled *T = (const bq_tiled *)(tiled ? at + t * sizeof(bq_tiled) : NULL);
             if (pass == 0) bq_prefetch(s, L, g, t);
 #pragma GCC unroll 2
-            for (int xi = 0; xi < 2 - passes + 1; xi++) {
-            const int x = both ? xi : pass;
-            /* unrolled, so that each half's chunk loop has constant bounds */
+            for (int xi = 0; xi < halves_a_pass; xi++) {
+                const int x = both ? xi : pass;
+                /* unrolled, so that each half's chunk loop has constant bounds */
 #pragma GCC unroll 2
-            for (int h = 0; h < halves; h++) {
-                __m256i dot[AVX2_ROWS], hi[AVX2_ROWS], more[AVX2_ROWS][4];
-                for (int r = 0; r < nr; r++) {
-                    dot[r] = hi[r] = _mm256_setzero_si256();
-                    for (int i = 1; i < chains; i++) more[r][i] = _mm256_setzero_si256();
-                }
-#pragma GCC unroll 8
-                for (int c0 = h * 8 / halves; c0 < (h + 1) * 8 / halves; c0 += span) {
-                    __m256i sum16[AVX2_ROWS];
-                    for (int r = 0; r < nr; r++) sum16[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-                    for (int c = c0; c < c0 + span; c++) {
-                        const __m256i u = avx2_codes(tile, codes, c, x);
-                        const __m256i mag = is_signed ? _mm256_abs_epi8(u) : u;
-                        for (int r = 0; r < nr; r++) {
-                            if (wide) {
-                                const int64_t blk = (r0 + r) * xa->blocks + t;
-                                const int16_t *a = xa->qa16 + blk * BQ_TILE + 4 * c;
-                                avx2_dot16(u, is_signed, a, &dot[r], &hi[r]);
-                                continue;
-                            }
-                            const int8_t *q = tiled ? T->codes[c][r]
-                                                    : xa->qa + ((r0 + r) * xa->blocks + t) *
-                                                                   BQ_TILE + 4 * c;
-                            __m256i a = _mm256_set1_epi32(load_i32(q));
-                            if (is_signed) a = _mm256_sign_epi8(a, u);
-                            if (chains > 1 && c % chains)
-                                more[r][c % chains] = avxvnni_dot(more[r][c % chains], mag, a);
-                            else if (vnni) dot[r] = avxvnni_dot(dot[r], mag, a);
-                            else sum16[r] = _mm256_add_epi16(sum16[r], _mm256_maddubs_epi16(mag, a));
-                        }
+                for (int h = 0; h < halves; h++) {
+                    __m256i dot[AVX2_ROWS], hi[AVX2_ROWS], more[AVX2_ROWS][4];
+                    for (int r = 0; r < nr; r++) {
+                        dot[r] = hi[r] = _mm256_setzero_si256();
+                        for (int i = 1; i < chains; i++) more[r][i] = _mm256_setzero_si256();
                     }
-                    if (!wide && !vnni)
-                        for (int r = 0; r < nr; r++)
-                            dot[r] = _mm256_add_epi32(dot[r], _mm256_madd_epi16(sum16[r], ones));
+#pragma GCC unroll 8
+                    for (int c0 = h * 8 / halves; c0 < (h + 1) * 8 / halves; c0 += span) {
+                        __m256i sum16[AVX2_ROWS];
+                        for (int r = 0; r < nr; r++) sum16[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+                        for (int c = c0; c < c0 + span; c++) {
+                            const __m256i u = avx2_codes(tile, codes, c, x);
+                            const __m256i mag = is_signed ? _mm256_abs_epi8(u) : u;
+                            for (int r = 0; r < nr; r++) {
+                                if (wide) {
+                                    const int64_t blk = (r0 + r) * xa->blocks + t;
+                                    const int16_t *a = xa->qa16 + blk * BQ_TILE + 4 * c;
+                                    avx2_dot16(u, is_signed, a, &dot[r], &hi[r]);
+                                    continue;
+                                }
+                                const int8_t *q = tiled ? T->codes[c][r]
+                                                        : xa->qa + ((r0 + r) * xa->blocks + t) *
+                                                                       BQ_TILE + 4 * c;
+                                __m256i a = _mm256_set1_epi32(load_i32(q));
+                                if (is_signed) a = _mm256_sign_epi8(a, u);
+                                if (chains > 1 && c % chains)
+                                    more[r][c % chains] = avxvnni_dot(more[r][c % chains], mag, a);
+                                else if (vnni) dot[r] = avxvnni_dot(dot[r], mag, a);
+                                else sum16[r] = _mm256_add_epi16(sum16[r],
+                                                                 _mm256_maddubs_epi16(mag, a));
+                            }
+                        }
+                        if (!wide && !vnni)
+                            for (int r = 0; r < nr; r++)
+                                dot[r] = _mm256_add_epi32(dot[r],
+                                                          _mm256_madd_epi16(sum16[r], ones));
+                    }
+                    __m256 D, M = _mm256_setzero_ps();
+                    avx2_scales(L, s, g, t, h, x, &D, &M);
+                    for (int r = 0; r < nr; r++) {
+                        __m256i d = dot[r];
+                        for (int i = 1; i < chains; i++) d = _mm256_add_epi32(d, more[r][i]);
+                        if (wide) /* (output, pair) lanes -> outputs 0-7 */
+                            d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
+                        acc[xi][r] = avx2_apply(
+                            L, acc[xi][r], d, D, M,
+                            tiled ? bq_tiled_scales(L, T, r, h, halves)
+                                  : bq_plain_scales(L, xa, (r0 + r) * xa->blocks + t, h, halves),
+                            offset);
+                    }
                 }
-                __m256 D, M = _mm256_setzero_ps();
-                avx2_scales(L, s, g, t, h, x, &D, &M);
-                for (int r = 0; r < nr; r++) {
-                    __m256i d = dot[r];
-                    for (int i = 1; i < chains; i++) d = _mm256_add_epi32(d, more[r][i]);
-                    if (wide) /* (output, pair) lanes -> outputs 0-7 */
-                        d = _mm256_permute4x64_epi64(_mm256_hadd_epi32(dot[r], hi[r]), 0xd8);
-                    acc[xi][r] = avx2_apply(
-                        L, acc[xi][r], d, D, M,
-                        tiled ? bq_tiled_scales(L, T, r, h, halves)
-                              : bq_plain_scales(L, xa, (r0 + r) * xa->blocks + t, h, halves),
-                        offset);
-                }
-            }
             }
         }
-        for (int xi = 0; xi < 2 - passes + 1; xi++)
+        for (int xi = 0; xi < halves_a_pass; xi++)
             for (int r = 0; r < nr; r++)
                 _mm256_storeu_ps(out[r] + 8 * (both ? xi : pass), acc[xi][r]);
     }
