@@ -101,15 +101,17 @@ void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t rows, int64
 }
 
 /* The activations of x [rows, k] as bq_linear quantizes them (act_bits 8 or 16), by the
- * AVX-512 loop where `vector` and the CPU has it, else the plain one: codes [rows, k_pad]
- * (int8 or int16), then per block of 32 its scale, scaled sum and two half sums. */
+ * AVX-512 loop where `vector` and this CPU has the AVX-512 path, else the plain one: codes
+ * [rows, k_pad] (int8 or int16), then per block of 32 its scale, scaled sum and two half
+ * sums. */
 void bq_quantize(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
                  int64_t act_bits, int64_t vector, void *codes, float *da, float *sx,
                  int32_t *s16) {
     const int wide = act_bits == 16;
     const bq_acts xa = {wide ? NULL : (int8_t *)codes, wide ? (int16_t *)codes : NULL, da, s16,
                         sx, k_pad / BQ_TILE, x, x_stride, NULL};
-    for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r, (int)vector);
+    const int avx512 = vector && (bq_paths() >> PATH_VNNI & 1);
+    for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r, avx512);
 }
 
 typedef bq_tile_fn tile_fn;
@@ -186,7 +188,8 @@ static size_t acts_row_bytes(int64_t k_pad, int wide) {
  * chunks of rows), so that a long prefill neither allocates nor faults in a buffer of its
  * own on every call; each slab's activations are written and read while they are in cache. */
 static int64_t slab_rows(int64_t k_pad, int wide) {
-    const int64_t fit = (int64_t)(KEEP_BYTES / acts_row_bytes(k_pad, wide)) / CHUNK_ROWS * CHUNK_ROWS;
+    const int64_t fit =
+        (int64_t)(KEEP_BYTES / acts_row_bytes(k_pad, wide)) / CHUNK_ROWS * CHUNK_ROWS;
     return fit > CHUNK_ROWS ? fit : CHUNK_ROWS;
 }
 
@@ -212,7 +215,8 @@ static void linear_slab(const linear_plan *p, const float *x, int64_t x_stride, 
     float *sx = da + rows * blocks;
     int32_t *s16 = (int32_t *)(sx + rows * blocks);
     const bq_acts xa = {p->wide ? NULL : (int8_t *)buf, p->wide ? (int16_t *)buf : NULL, da, s16,
-                        sx, blocks, x, x_stride, tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
+                        sx, blocks, x, x_stride,
+                        tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
     int64_t per_item = groups / (threads * ITEMS_PER_THREAD);
     if (per_item < 1) per_item = 1;
     const int64_t group_items = (groups + per_item - 1) / per_item;

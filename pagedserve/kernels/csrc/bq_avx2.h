@@ -143,7 +143,8 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
     /* One row takes both halves in one pass over the tiles, so that each of its activations
      * is broadcast once and each tile's scales are found once; more rows would not keep
      * both halves' sums in 16 registers. */
-    const int both = nr == 1, passes = both ? 1 : 2, halves_a_pass = both ? 2 : 1;
+    /* x_per_pass: how many of the two 8-output halves (x) one pass takes */
+    const int both = nr == 1, passes = both ? 1 : 2, x_per_pass = both ? 2 : 1;
     for (int pass = 0; pass < passes; pass++) {
         __m256 acc[2][AVX2_ROWS];
         for (int r = 0; r < nr; r++) acc[0][r] = acc[1][r] = _mm256_setzero_ps();
@@ -152,7 +153,7 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
             const bq_tiled *T = (const bq_tiled *)(tiled ? at + t * sizeof(bq_tiled) : NULL);
             if (pass == 0) bq_prefetch(s, L, g, t);
 #pragma GCC unroll 2
-            for (int xi = 0; xi < halves_a_pass; xi++) {
+            for (int xi = 0; xi < x_per_pass; xi++) {
                 const int x = both ? xi : pass;
                 /* unrolled, so that each half's chunk loop has constant bounds */
 #pragma GCC unroll 2
@@ -210,7 +211,7 @@ avx2_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
                 }
             }
         }
-        for (int xi = 0; xi < halves_a_pass; xi++)
+        for (int xi = 0; xi < x_per_pass; xi++)
             for (int r = 0; r < nr; r++)
                 _mm256_storeu_ps(out[r] + 8 * (both ? xi : pass), acc[xi][r]);
     }

@@ -108,7 +108,7 @@ static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int
 }
 
 #if BQ_X86
-#define BQ_QUANT_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define BQ_QUANT_AVX512 __attribute__((target("avx512f")))
 
 /* Row r of x into the activations: the AVX-512 loop, a block as two registers. */
 BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *x, int64_t k,
@@ -146,11 +146,12 @@ BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *
 }
 #endif
 
-/* Row r of x into the activations, by the AVX-512 loop where `vector` and the CPU has it. */
-static void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r, int vector) {
+/* Row r of x into the activations, by the AVX-512 loop where `vector` (which the caller sets
+ * only where bq_paths() has the AVX-512 path), else the plain one. */
+static inline void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r,
+                                int vector) {
 #if BQ_X86
-    if (vector && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    if (vector) {
         quantize_row_avx512(xa, x, k, r);
         return;
     }
