@@ -65,7 +65,8 @@ _SIGNATURES = {
     "bq_repack": ([_I, _P, _I, _I, _I, _P, _I], _I),
     "bq_dequantize_rows": ([_I, _P, _I, _I, _P, _I, _P, _I], None),
     "bq_linear": ([_P, _I, _I, _I, _I, _P, _P, _I, _P, _I, _I, _I, _I], None),
-    "bq_quantize": ([_P, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P], None),
+    "bq_quantize": ([_P, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _P], None),
+    "bq_act_group": ([_I, _I, _I], _I),
 }
 
 
@@ -236,26 +237,39 @@ def linear_into(rows: torch.Tensor, state: BlockQuantState, out: torch.Tensor) -
                          n, threads, _PATH_IDS[state.path], state.activation_bits)
 
 
-def quantize_activations(x: torch.Tensor, bits: int = 8, vector: bool = True,
-                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float32 rows [m, k] as the kernel quantizes them before its dot products: the codes
-    [m, k rounded up to 32] (int8, or int16 for ``bits`` 16), and per block of 32 the scale,
-    the scaled sum and the two half sums [m, blocks, 2]. ``vector`` False takes the plain
-    loop where the CPU has the AVX-512 one (``csrc/bq_quantize.h``: the two give the same
-    values)."""
+def activation_group(path: str, type_id: int, bits: int = 8) -> int:
+    """How many blocks of 32 inputs share one activation scale where ``path`` runs a weight of
+    GGUF type ``type_id`` with ``bits``-bit activations: 8 (256 inputs, as llama.cpp's Q8_K)
+    for the K types on the AVX-512 path with int8 activations, else 1."""
     library = _library()
     if library is None:
         raise RuntimeError("the block-quant C kernel is not built on this machine")
-    if bits not in (8, 16) or x.dtype != torch.float32 or x.dim() != 2:
-        raise ValueError(f"quantize_activations takes float32 rows [m, k] and 8 or 16 bits, "
-                         f"got {x.dtype} {list(x.shape)} and {bits}")
+    return int(library.bq_act_group(_PATH_IDS[path], type_id, bits))
+
+
+def quantize_activations(x: torch.Tensor, bits: int = 8, vector: bool = True, group: int = 1,
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 rows [m, k] as the kernel quantizes them before its dot products: the codes
+    [m, k rounded up to 32] (int8, or int16 for ``bits`` 16), and per block of 32 the scale,
+    the scaled sum and the two half sums [m, blocks, 2]. The scale is of ``group`` blocks
+    (1, or 8 as ``activation_group`` says), written for each. ``vector`` False takes the
+    plain loop where the CPU has the AVX-512 one (``csrc/bq_quantize.h``: the two give the
+    same values)."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("the block-quant C kernel is not built on this machine")
+    if bits not in (8, 16) or x.dtype != torch.float32 or x.dim() != 2 or group not in (1, 8):
+        raise ValueError(f"quantize_activations takes float32 rows [m, k], 8 or 16 bits and "
+                         f"a group of 1 or 8 blocks, got {x.dtype} {list(x.shape)}, {bits} "
+                         f"and {group}")
     x = x.contiguous()
     m, k = x.shape
     blocks = -(-k // 32)
     codes = torch.empty(m, 32 * blocks, dtype=torch.int8 if bits == 8 else torch.int16)
     scales, sums = torch.empty(2, m, blocks), torch.empty(m, blocks, 2, dtype=torch.int32)
-    library.bq_quantize(x.data_ptr(), k, m, k, 32 * blocks, bits, int(vector), codes.data_ptr(),
-                        scales[0].data_ptr(), scales[1].data_ptr(), sums.data_ptr())
+    library.bq_quantize(x.data_ptr(), k, m, k, 32 * blocks, bits, int(vector), group,
+                        codes.data_ptr(), scales[0].data_ptr(), scales[1].data_ptr(),
+                        sums.data_ptr())
     return codes, scales[0], scales[1], sums
 
 

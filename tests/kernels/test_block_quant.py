@@ -6,9 +6,10 @@ tiles:
 - the packed weight reads back exactly as ``gguf.quants.dequantize`` reads the file's blocks
   (random blocks, float16 scales at their extremes included);
 - the matmul equals, to float32 rounding, the activation quantized as the kernel quantizes it
-  (per block of 32, int8 with a float16-rounded scale or int16, round half to even; for the
-  legacy types with mins, the block's scaled sum rounded to float16) times the dequantized
-  weight, and is within 1.5% (int8) of the float activation's product;
+  (per block of 32, int8 with a float16-rounded scale or int16, round half to even; the K
+  types' int8 activations on the AVX-512 path with the scale of 256 inputs; for the legacy
+  types with mins, the block's scaled sum rounded to float16) times the dequantized weight,
+  and is within 1.5% (int8) of the float activation's product;
 - a weight of row segments of different types runs in one call as each type alone.
 """
 
@@ -44,6 +45,7 @@ pytestmark = pytest.mark.skipif(native_build.c_compiler() is None, reason="needs
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
          T.IQ4_NL, T.IQ4_XS]
 LEGACY_MINS = (T.Q4_1, T.Q5_1)
+K_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
 
 
 @pytest.fixture(params=block_quant_paths.PATHS)
@@ -87,14 +89,21 @@ def test_packed_rows_read_back_as_gguf_dequantizes(qtype) -> None:
     assert torch.equal(rows, _dequantized(qtype, raw)[ids])
 
 
-def _as_quantized(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x with each block of 32 quantized as the kernel does, back in float; and per block the
-    error of the scaled sum the legacy mins multiply (rounded to float16 for int8)."""
+def _as_quantized(x: torch.Tensor, bits: int,
+                  group: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """x with each block of 32 quantized as the kernel does (the scale of ``group`` blocks),
+    back in float; and per block the error of the scaled sum the legacy mins multiply (rounded
+    to float16 for int8)."""
     rows, k = x.shape
     top = 127 if bits == 8 else 32767
-    blocks = F.pad(x, (0, -k % 32)).view(rows, -1, 32)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    q = torch.round(blocks * torch.where(amax > 0, top / amax, 0))
+    blocks = F.pad(x, (0, -k % (32 * group))).view(rows, -1, 32)
+    amax = blocks.abs().view(rows, -1, 32 * group).amax(-1, keepdim=True)
+    amax = amax.repeat_interleave(group, dim=1)
+    blocks = blocks[:, : -(-k // 32)]
+    amax = amax[:, : blocks.shape[1]]
+    # a tensor over a tensor: torch divides a Python number by a tensor through the reciprocal,
+    # which can round the inverse scale differently from the kernel's top / amax
+    q = torch.round(blocks * torch.where(amax > 0, torch.full_like(amax, top) / amax, 0))
     d = amax / top
     sums = q.sum(-1) * d[..., 0]
     if bits == 8:
@@ -112,7 +121,9 @@ def _check(kernel, qtype, raw: np.ndarray, weight, rows: int, seed: int, bits: i
     y = kernel.linear(x, state, None)
     assert y.shape == (rows, weight.out_features) and y.dtype == torch.float32
     reference = _dequantized(qtype, raw)
-    quantized, sum_error = _as_quantized(x, bits)
+    group = cpu_block_quant.activation_group(state.path, int(qtype), bits)
+    assert group == (8 if state.path == "vnni" and bits == 8 and qtype in K_TYPES else 1)
+    quantized, sum_error = _as_quantized(x, bits, group)
     exact = quantized.double() @ reference.double().T
     if qtype in LEGACY_MINS:  # the mins times the rounding of each block's scaled sum
         blocks = raw.reshape(raw.shape[0], -1, GGUF_BLOCKS[int(qtype)][2])
@@ -142,14 +153,15 @@ def _awkward_rows(k: int) -> torch.Tensor:
     return x
 
 
+@pytest.mark.parametrize("group", [1, 8])
 @pytest.mark.parametrize("bits", [8, 16])
 @pytest.mark.parametrize("k", [64, 70, 2048])  # 70: a last block zero past k
-def test_the_vector_quantizer_gives_the_plain_loops_values(bits, k) -> None:
+def test_the_vector_quantizer_gives_the_plain_loops_values(bits, k, group) -> None:
     if "vnni" not in cpu_block_quant.cpu_paths():
         pytest.skip("this CPU has no AVX-512 path")
     x = _awkward_rows(k)
-    vector = cpu_block_quant.quantize_activations(x, bits, vector=True)
-    plain = cpu_block_quant.quantize_activations(x, bits, vector=False)
+    vector = cpu_block_quant.quantize_activations(x, bits, vector=True, group=group)
+    plain = cpu_block_quant.quantize_activations(x, bits, vector=False, group=group)
     for a, b in zip(vector, plain, strict=True):
         assert torch.equal(a.view(torch.int32) if a.is_floating_point() else a,
                            b.view(torch.int32) if b.is_floating_point() else b)
@@ -158,15 +170,18 @@ def test_the_vector_quantizer_gives_the_plain_loops_values(bits, k) -> None:
     codes, scales = plain[0][ordinary].float(), plain[1][ordinary]
     blocks = codes.shape[1] // 32
     dequantized = (codes.view(4, blocks, 32) * scales[..., None]).view(4, -1)[:, :k]
-    assert torch.equal(dequantized, _as_quantized(x[ordinary], bits)[0])
+    assert torch.equal(dequantized, _as_quantized(x[ordinary], bits, group)[0])
 
 
 def test_quantize_activations_names_what_it_takes() -> None:
-    with pytest.raises(ValueError, match=r"^quantize_activations takes float32 rows \[m, k\] and "
-                                         r"8 or 16 bits, got torch.float64 \[2, 3\] and 8$"):
+    with pytest.raises(ValueError, match=r"^quantize_activations takes float32 rows \[m, k\], "
+                                         r"8 or 16 bits and a group of 1 or 8 blocks, got "
+                                         r"torch.float64 \[2, 3\], 8 and 1$"):
         cpu_block_quant.quantize_activations(torch.zeros(2, 3, dtype=torch.float64))
-    with pytest.raises(ValueError, match=r"got torch.float32 \[2, 3\] and 4$"):
+    with pytest.raises(ValueError, match=r"got torch.float32 \[2, 3\], 4 and 1$"):
         cpu_block_quant.quantize_activations(torch.zeros(2, 3), bits=4)
+    with pytest.raises(ValueError, match=r"got torch.float32 \[2, 3\], 8 and 4$"):
+        cpu_block_quant.quantize_activations(torch.zeros(2, 3), group=4)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 33, 70])  # 70: two chunks of rows, a partial tile

@@ -5,8 +5,9 @@
  *
  * Four dot-product paths are compiled into this one library, each function carrying its own
  * target attributes, so that each can be forced (and tested) on any machine that has it:
- * AVX-512 VNNI (bq_vnni.h), AVX-VNNI and AVX2 + FMA (bq_avx2.h) and portable C
- * (bq_portable.h).
+ * AVX-512 VNNI (bq_vnni.h; for the K types over activations scaled per 256 inputs,
+ * bq_vnni_k.h), AVX-VNNI and AVX2 + FMA (bq_avx2.h) and portable C (bq_portable.h). A call
+ * whose segments read both kinds of activations quantizes its rows both ways.
  * bq_paths() says which ones this CPU runs.
  *
  * Each thread takes chunks of output groups (bq_schedule.h) and, for each group, every row of
@@ -21,6 +22,7 @@
 #include "bq_float16.h"
 #include "bq_quantize.h"
 #include "bq_schedule.h"
+#include "bq_vnni_k.h"
 
 #define CHUNK_ROWS 64
 
@@ -100,25 +102,45 @@ void bq_dequantize_rows(int64_t type, const uint8_t *packed, int64_t rows, int64
     }
 }
 
-/* The activations of x [rows, k] as bq_linear quantizes them (act_bits 8 or 16), by the
- * AVX-512 loop where `vector` and this CPU has the AVX-512 path, else the plain one: codes
- * [rows, k_pad] (int8 or int16), then per block of 32 its scale, scaled sum and two half
- * sums. */
+/* The activations of x [rows, k] as bq_linear quantizes them (act_bits 8 or 16; scaled per
+ * `group` blocks of 32, 1 or 8), by the AVX-512 loop where `vector` and this CPU has the
+ * AVX-512 path, else the plain one: codes [rows, k_pad] (int8 or int16), then per block of 32
+ * its scale, scaled sum and two half sums. */
 void bq_quantize(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_t k_pad,
-                 int64_t act_bits, int64_t vector, void *codes, float *da, float *sx,
-                 int32_t *s16) {
+                 int64_t act_bits, int64_t vector, int64_t group, void *codes, float *da,
+                 float *sx, int32_t *s16) {
     const int wide = act_bits == 16;
     const bq_acts xa = {wide ? NULL : (int8_t *)codes, wide ? (int16_t *)codes : NULL, da, s16,
                         sx, k_pad / BQ_TILE, x, x_stride, NULL};
     const int avx512 = vector && (bq_paths() >> PATH_VNNI & 1);
-    for (int64_t r = 0; r < rows; r++) quantize_row(&xa, x + r * x_stride, k, r, avx512);
+    for (int64_t r = 0; r < rows; r++)
+        quantize_row(&xa, x + r * x_stride, k, r, avx512, (int)group);
 }
 
 typedef bq_tile_fn tile_fn;
 
+/* Whether the path reads a K type's activations scaled per 256 inputs (bq_vnni_k.h). */
+static int per_block_acts(int64_t path, const bq_layout *L, int wide) {
+#if BQ_X86
+    return path == PATH_VNNI && !wide && !bq_is_float16(L) &&
+           VNNI_K_TILES[L - BQ_LAYOUTS] != NULL;
+#else
+    (void)path, (void)L, (void)wide;
+    return 0;
+#endif
+}
+
+/* The blocks of 32 inputs that share an activation scale where `path` runs a weight of `type`
+ * (act_bits 8 or 16): 8 where the path reads them scaled per 256 inputs, else 1. */
+int64_t bq_act_group(int64_t path, int64_t type, int64_t act_bits) {
+    const bq_layout *L = bq_find(type);
+    return L != NULL && per_block_acts(path, L, act_bits == 16) ? 8 : 1;
+}
+
 static tile_fn pick_tile(int64_t path, const bq_layout *L, int wide) {
     const int bf16 = L->codes == C_BF16;
 #if BQ_X86
+    if (per_block_acts(path, L, wide)) return VNNI_K_TILES[L - BQ_LAYOUTS];
     if (path == PATH_VNNI && bq_is_float16(L)) return bf16 ? avx512_16_1 : avx512_16_0;
     if ((path == PATH_AVX2 || path == PATH_AVX_VNNI) && bq_is_float16(L))
         return bf16 ? avx2_16_1 : avx2_16_0;
@@ -134,6 +156,7 @@ typedef struct {
     bq_seg seg;
     tile_fn tile;
     int64_t rows, col, first_group;
+    int acts; /* the activations it reads: 0 scaled per 32 inputs, 1 per 256 */
 } segment_run;
 
 /* The activations' buffers: kept from call to call on the calling thread (one allocation,
@@ -159,8 +182,9 @@ static void *acts_buffer(size_t bytes, void **owned) {
 #define ITEMS_PER_THREAD 16
 
 /* Writes group g of run `run` for rows [r0, r_end) of y. */
-static void group_rows(const segment_run *run, const bq_acts *xa, int64_t g, int64_t r0,
+static void group_rows(const segment_run *run, const bq_acts *acts, int64_t g, int64_t r0,
                        int64_t r_end, float *y, int64_t y_stride) {
+    const bq_acts *xa = &acts[run->acts];
     const int64_t left = run->rows - g * BQ_GROUP;
     const int64_t width = left < BQ_GROUP ? left : BQ_GROUP;
     for (; r0 < r_end; r0 += BQ_TILE_ROWS) {
@@ -187,36 +211,63 @@ static size_t acts_row_bytes(int64_t k_pad, int wide) {
 /* Rows of one bq_linear call at a time: as many as the kept activation buffer holds (whole
  * chunks of rows), so that a long prefill neither allocates nor faults in a buffer of its
  * own on every call; each slab's activations are written and read while they are in cache. */
-static int64_t slab_rows(int64_t k_pad, int wide) {
-    const int64_t fit =
-        (int64_t)(KEEP_BYTES / acts_row_bytes(k_pad, wide)) / CHUNK_ROWS * CHUNK_ROWS;
+static int64_t slab_rows(int64_t k_pad, int wide, int sets) {
+    const size_t row_bytes = acts_row_bytes(k_pad, wide) * (size_t)(sets > 1 ? sets : 1);
+    const int64_t fit = (int64_t)(KEEP_BYTES / row_bytes) / CHUNK_ROWS * CHUNK_ROWS;
     return fit > CHUNK_ROWS ? fit : CHUNK_ROWS;
 }
 
 typedef struct {
     const segment_run *runs;
     int64_t nseg, groups, k, k_pad, threads;
-    int quantized, wide, vector, tiles; /* tiles: whether the path reads bq_tiled */
+    int wide, vector, tiles; /* tiles: whether the path reads bq_tiled */
+    int needs[2];            /* whether some segment reads activations of each scaling */
 } linear_plan;
+
+/* The activations of `rows` rows laid out from buf: plain codes, then da, sx and s16, then
+ * (where `tiled`) the tiled copy; returns the bytes they take. */
+static size_t acts_at(uint8_t *buf, int64_t rows, int64_t k_pad, int wide, int tiled,
+                      const float *x, int64_t x_stride, bq_acts *xa) {
+    const int64_t blocks = k_pad / BQ_TILE;
+    const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
+    const size_t codes_at = (code_bytes + 63) / 64 * 64;
+    const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 16 + 63) / 64 * 64;
+    const size_t tiled_bytes =
+        tiled ? (size_t)((rows + BQ_TILE_ROWS - 1) / BQ_TILE_ROWS * blocks) * sizeof(bq_tiled) : 0;
+    if (buf != NULL) {
+        float *da = (float *)(buf + codes_at);
+        float *sx = da + rows * blocks;
+        *xa = (bq_acts){wide ? NULL : (int8_t *)buf, wide ? (int16_t *)buf : NULL, da,
+                        (int32_t *)(sx + rows * blocks), sx, blocks, x, x_stride,
+                        tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
+    }
+    return plain_bytes + tiled_bytes;
+}
+
+/* Rows [r0, r_end) of x into each needed set of activations (set 1 scaled per 8 blocks). */
+static void quantize_rows(const linear_plan *p, const bq_acts *acts, const float *x,
+                          int64_t x_stride, int64_t r0, int64_t r_end) {
+    for (int set = 0; set < 2; set++)
+        if (p->needs[set])
+            for (int64_t r = r0; r < r_end; r++)
+                quantize_row(&acts[set], x + r * x_stride, p->k, r, p->vector, set ? 8 : 1);
+}
 
 /* y [rows, ...] = x [rows, k] times the weight^T, for rows that fit one slab. */
 static void linear_slab(const linear_plan *p, const float *x, int64_t x_stride, int64_t rows,
                         float *y, int64_t y_stride) {
-    const int64_t blocks = p->k_pad / BQ_TILE, threads = p->threads, groups = p->groups;
-    const size_t code_bytes = (size_t)(rows * p->k_pad) * (p->wide ? 2 : 1);
-    const size_t codes_at = (code_bytes + 63) / 64 * 64;
-    const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 16 + 63) / 64 * 64;
+    const int64_t threads = p->threads, groups = p->groups;
     const int tiled = p->tiles && rows >= 4;
-    const size_t tiled_bytes =
-        tiled ? (size_t)((rows + BQ_TILE_ROWS - 1) / BQ_TILE_ROWS * blocks) * sizeof(bq_tiled) : 0;
+    const size_t set_bytes = acts_at(NULL, rows, p->k_pad, p->wide, tiled, x, x_stride, NULL);
     void *owned;
-    uint8_t *buf = acts_buffer(plain_bytes + tiled_bytes, &owned);
-    float *da = (float *)(buf + codes_at);
-    float *sx = da + rows * blocks;
-    int32_t *s16 = (int32_t *)(sx + rows * blocks);
-    const bq_acts xa = {p->wide ? NULL : (int8_t *)buf, p->wide ? (int16_t *)buf : NULL, da, s16,
-                        sx, blocks, x, x_stride,
-                        tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
+    uint8_t *buf = acts_buffer(set_bytes * (size_t)(p->needs[0] + p->needs[1]), &owned);
+    /* the 16-bit weights' tiles read only the float rows */
+    bq_acts acts[2] = {{.blocks = p->k_pad / BQ_TILE, .x = x, .x_stride = x_stride},
+                       {.blocks = p->k_pad / BQ_TILE, .x = x, .x_stride = x_stride}};
+    for (int set = 0, at = 0; set < 2; set++)
+        if (p->needs[set])
+            acts_at(buf + set_bytes * (size_t)at++, rows, p->k_pad, p->wide, tiled, x, x_stride,
+                    &acts[set]);
     int64_t per_item = groups / (threads * ITEMS_PER_THREAD);
     if (per_item < 1) per_item = 1;
     const int64_t group_items = (groups + per_item - 1) / per_item;
@@ -225,16 +276,13 @@ static void linear_slab(const linear_plan *p, const float *x, int64_t x_stride, 
     bq_runs_init(spans, (int)threads, row_chunks * group_items);
     /* A few rows (a decode step) are quantized before the threads start: a barrier between
      * the two phases costs a time slice whenever another process holds a core. */
-    const int quantized = p->quantized, split = quantized && rows >= CHUNK_ROWS;
-    if (quantized && !split)
-        for (int64_t r = 0; r < rows; r++)
-            quantize_row(&xa, x + r * x_stride, p->k, r, p->vector);
+    const int split = (p->needs[0] || p->needs[1]) && rows >= CHUNK_ROWS;
+    if (!split) quantize_rows(p, acts, x, x_stride, 0, rows);
 #pragma omp parallel num_threads(threads)
     {
         if (split) {
 #pragma omp for schedule(static)
-            for (int64_t r = 0; r < rows; r++)
-                quantize_row(&xa, x + r * x_stride, p->k, r, p->vector);
+            for (int64_t r = 0; r < rows; r++) quantize_rows(p, acts, x, x_stride, r, r + 1);
         }
         int self = 0;
 #ifdef _OPENMP
@@ -249,7 +297,7 @@ static void linear_slab(const linear_plan *p, const float *x, int64_t x_stride, 
             for (int64_t gi = first; gi < last; gi++) {
                 while (i + 1 < p->nseg && gi >= p->runs[i + 1].first_group) i++;
                 while (i > 0 && gi < p->runs[i].first_group) i--;
-                group_rows(&p->runs[i], &xa, gi - p->runs[i].first_group, chunk, chunk_end, y,
+                group_rows(&p->runs[i], acts, gi - p->runs[i].first_group, chunk, chunk_end, y,
                            y_stride);
             }
         }
@@ -271,19 +319,23 @@ void bq_linear(const float *x, int64_t x_stride, int64_t rows, int64_t k, int64_
     segment_run few[8];
     segment_run *runs = nseg <= 8 ? few : malloc((size_t)nseg * sizeof *runs);
     int64_t groups = 0;
-    int quantized = 0; /* whether any segment reads quantized activations */
+    int needs[2] = {0, 0}; /* whether any segment reads quantized activations of each kind */
     for (int64_t i = 0; i < nseg; i++) {
         const bq_layout *L = bq_find(segs[4 * i]);
-        quantized |= !bq_is_float16(L);
+        const int acts = per_block_acts(path, L, wide);
+        needs[acts] |= !bq_is_float16(L);
         runs[i] = (segment_run){bq_segment(L, packed + segs[4 * i + 2], k_pad, segs[4 * i + 1]),
-                                pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups};
+                                pick_tile(path, L, wide), segs[4 * i + 1], segs[4 * i + 3], groups,
+                                acts};
         groups += (runs[i].rows + BQ_GROUP - 1) / BQ_GROUP;
     }
     if (threads < 1) threads = 1;
     if (threads > BQ_MAX_RUNS) threads = BQ_MAX_RUNS;
-    const linear_plan plan = {runs, nseg, groups, k, k_pad, threads, quantized, wide,
-                              path == PATH_VNNI, path != PATH_PORTABLE && !wide && quantized};
-    const int64_t slab = slab_rows(k_pad, wide);
+    const linear_plan plan = {runs,  nseg, groups,          k,
+                              k_pad, threads, wide,         path == PATH_VNNI,
+                              path != PATH_PORTABLE && !wide && (needs[0] || needs[1]),
+                              {needs[0], needs[1]}};
+    const int64_t slab = slab_rows(k_pad, wide, needs[0] + needs[1]);
     for (int64_t r = 0; r < rows; r += slab)
         linear_slab(&plan, x + r * x_stride, x_stride, rows - r < slab ? rows - r : slab,
                     y + r * y_stride, y_stride);

@@ -3,7 +3,8 @@
  *
  * Each activation row is quantized per block of 32 inputs to int8 (scale amax / 127 rounded to
  * float16, codes rounded half to even) or int16 (scale amax / 32767 in float32), with each
- * half block's code sum. For output lane o and a sub-block of the weight (16 or 32 inputs):
+ * half block's code sum. For the K types the AVX-512 path takes int8 activations whose amax
+ * is of 256 inputs (bq_vnni_k.h): the same fields, one scale repeated over 8 blocks. For output lane o and a sub-block of the weight (16 or 32 inputs):
  *
  *   y += (D dx) (dot + offset sum)         a type with a fixed offset (the offset's dot is
  *                                          exact: sum of the codes times the offset)

@@ -1,6 +1,8 @@
 /* The activations' quantization (bq_kernel.h's module doc): each row per block of 32 inputs
  * to int8 or int16 codes, the block's scale, its two half sums and its scaled sum, and for
- * the x86 paths the tiled copy of every 8 rows (bq_tiled).
+ * the x86 paths the tiled copy of every 8 rows (bq_tiled). With `group` 8 the scale is the
+ * largest magnitude of 8 blocks' (256 inputs, a K type's file block, as llama.cpp's Q8_K),
+ * written for each of them (bq_vnni_k.h).
  *
  * Two loops compute the same values: the plain one, which the compiler vectorises as it can
  * (the portable path, and AVX2 machines), and one in AVX-512, 4 to 5 times faster, which the
@@ -30,6 +32,15 @@ static float round_f16(float d) {
     float out;
     memcpy(&out, &bits, sizeof out);
     return out > 65504.0f ? 65504.0f : out;
+}
+
+/* The larger of `bits` and the magnitude of v, compared as integers (which order the
+ * magnitudes as floats do). */
+static inline uint32_t max_bits(uint32_t bits, float v) {
+    uint32_t m;
+    memcpy(&m, &v, sizeof m);
+    m &= 0x7fffffffu;
+    return m > bits ? m : bits;
 }
 
 /* The scale and inverse scale of a block whose largest magnitude has the bits top_bits. */
@@ -70,8 +81,10 @@ static inline void tile_block(const bq_acts *xa, const int8_t *q, int64_t r, int
 #if BQ_X86
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
-static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int64_t r) {
+static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int64_t r,
+                               int group) {
     const int wide = xa->qa16 != NULL;
+    uint32_t group_bits = 0;
     const float top = wide ? 32767.0f : 127.0f;
     int8_t *qa = (int8_t *)xa->qa + r * xa->blocks * BQ_TILE;
     int16_t *qa16 = (int16_t *)xa->qa16 + r * xa->blocks * BQ_TILE;
@@ -84,14 +97,14 @@ static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int
             for (int j = 0; j < BQ_TILE; j++)
                 vals[j] = b * BQ_TILE + j < k ? x[b * BQ_TILE + j] : 0.0f;
         }
-        for (int j = 0; j < BQ_TILE; j++) {
-            uint32_t bits;
-            memcpy(&bits, &vals[j], sizeof bits);
-            bits &= 0x7fffffffu;
-            top_bits = bits > top_bits ? bits : top_bits;
+        for (int j = 0; j < BQ_TILE; j++) top_bits = max_bits(top_bits, vals[j]);
+        if (group > 1 && b % group == 0) { /* the group's largest magnitude */
+            group_bits = 0;
+            for (int64_t j = b * BQ_TILE; j < (b + group) * BQ_TILE && j < k; j++)
+                group_bits = max_bits(group_bits, x[j]);
         }
         float d, inv;
-        block_scale(top_bits, top, &d, &inv);
+        block_scale(group > 1 ? group_bits : top_bits, top, &d, &inv);
         int32_t q[BQ_TILE], sums[2] = {0, 0};
         for (int j = 0; j < BQ_TILE; j++) q[j] = (int32_t)__builtin_rintf(vals[j] * inv);
         for (int j = 0; j < BQ_TILE / 2; j++) {
@@ -111,24 +124,38 @@ static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int
 #define BQ_QUANT_AVX512 __attribute__((target("avx512f")))
 
 /* Row r of x into the activations: the AVX-512 loop, a block as two registers. */
+BQ_QUANT_AVX512 static __m512i masked_bits(const float *x, int64_t left, __m512i magnitude,
+                                            __m512 *v0, __m512 *v1) {
+    const __mmask16 m0 = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+    const __mmask16 m1 =
+        left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+    *v0 = _mm512_maskz_loadu_ps(m0, x);
+    *v1 = _mm512_maskz_loadu_ps(m1, x + 16);
+    return _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(*v0), magnitude),
+                            _mm512_and_si512(_mm512_castps_si512(*v1), magnitude));
+}
+
 BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *x, int64_t k,
-                                                int64_t r) {
+                                                int64_t r, int group) {
     const int wide = xa->qa16 != NULL;
     const float top = wide ? 32767.0f : 127.0f;
     int8_t *qa = (int8_t *)xa->qa + r * xa->blocks * BQ_TILE;
     int16_t *qa16 = (int16_t *)xa->qa16 + r * xa->blocks * BQ_TILE;
     const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+    uint32_t group_bits = 0;
     for (int64_t b = 0; b < xa->blocks; b++) {
-        const int64_t left = k - b * BQ_TILE; /* past k the block reads zeros */
-        const __mmask16 m0 = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-        const __mmask16 m1 =
-            left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-        const __m512 v0 = _mm512_maskz_loadu_ps(m0, x + b * BQ_TILE);
-        const __m512 v1 = _mm512_maskz_loadu_ps(m1, x + b * BQ_TILE + 16);
-        const __m512i bits = _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(v0), magnitude),
-                                              _mm512_and_si512(_mm512_castps_si512(v1), magnitude));
+        __m512 v0, v1, w0, w1; /* past k the block reads zeros */
+        const __m512i bits = masked_bits(x + b * BQ_TILE, k - b * BQ_TILE, magnitude, &v0, &v1);
+        if (group > 1 && b % group == 0) { /* the group's largest magnitude */
+            __m512i top_group = bits;
+            for (int64_t e = b + 1; e < b + group && e < xa->blocks; e++)
+                top_group = _mm512_max_epu32(
+                    top_group, masked_bits(x + e * BQ_TILE, k - e * BQ_TILE, magnitude, &w0, &w1));
+            group_bits = (uint32_t)_mm512_reduce_max_epu32(top_group);
+        }
         float d, inv;
-        block_scale((uint32_t)_mm512_reduce_max_epu32(bits), top, &d, &inv);
+        block_scale(group > 1 ? group_bits : (uint32_t)_mm512_reduce_max_epu32(bits), top, &d,
+                    &inv);
         const __m512 s = _mm512_set1_ps(inv);
         const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s));
         const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));
@@ -146,18 +173,19 @@ BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *
 }
 #endif
 
-/* Row r of x into the activations, by the AVX-512 loop where `vector` (which the caller sets
- * only where bq_paths() has the AVX-512 path), else the plain one. */
+/* Row r of x into the activations, scaled per `group` blocks (1 or 8), by the AVX-512 loop
+ * where `vector` (which the caller sets only where bq_paths() has the AVX-512 path), else the
+ * plain one. */
 static inline void quantize_row(const bq_acts *xa, const float *x, int64_t k, int64_t r,
-                                int vector) {
+                                int vector, int group) {
 #if BQ_X86
     if (vector) {
-        quantize_row_avx512(xa, x, k, r);
+        quantize_row_avx512(xa, x, k, r, group);
         return;
     }
 #endif
     (void)vector;
-    quantize_row_plain(xa, x, k, r);
+    quantize_row_plain(xa, x, k, r, group);
 }
 
 #endif
