@@ -114,8 +114,10 @@ def _as_quantized(x: torch.Tensor, bits: int,
     return (q * d).view(rows, -1)[:, :k], error
 
 
-def _check(kernel, qtype, raw: np.ndarray, weight, rows: int, seed: int, bits: int) -> None:
-    x = torch.randn(rows, weight.in_features, generator=torch.Generator().manual_seed(seed))
+def _check(kernel, qtype, raw: np.ndarray, weight, rows: int, seed: int, bits: int,
+           x: torch.Tensor | None = None) -> None:
+    if x is None:
+        x = torch.randn(rows, weight.in_features, generator=torch.Generator().manual_seed(seed))
     state = kernel.prepare(weight)
     assert state.activation_bits == bits
     y = kernel.linear(x, state, None)
@@ -189,6 +191,18 @@ def test_quantize_activations_names_what_it_takes() -> None:
 def test_every_type_matches_its_dequantization(path, qtype, rows) -> None:
     raw, weight = _weight(qtype, 37, _inputs(qtype), rows)
     _check(cpu_block_quant.with_path(path), qtype, raw, weight, rows, rows, 8)
+
+
+@pytest.mark.parametrize("rows", [2, 8])  # the plain rows' sums, and the tiled ones'
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
+def test_the_k_types_sums_hold_at_their_extremes(path, qtype, rows) -> None:
+    # Every code +-127 (a block's sum +-4064, the most an int16 pair holds here) against the
+    # largest scales and mins: the integer sums of the AVX-512 path neither wrap nor round.
+    raw, weight = _weight(qtype, 37, 512, 5, extreme=True)
+    signs = torch.tensor([1.0, -1.0, 1.0, 1.0, -1.0, -1.0, 1.0, -1.0])[:rows]
+    x = signs[:, None] * torch.full((rows, 512), 3.0)
+    x[:, 256:288] *= -1  # a block against its neighbours in a pair
+    _check(cpu_block_quant.with_path(path), qtype, raw, weight, rows, 0, 8, x)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -4,7 +4,9 @@
  * Each activation row is quantized per block of 32 inputs to int8 (scale amax / 127 rounded to
  * float16, codes rounded half to even) or int16 (scale amax / 32767 in float32), with each
  * half block's code sum. For the K types the AVX-512 path takes int8 activations whose amax
- * is of 256 inputs (bq_vnni_k.h): the same fields, one scale repeated over 8 blocks. For output lane o and a sub-block of the weight (16 or 32 inputs):
+ * is of 256 inputs (bq_vnni_k.h): the same fields, one scale repeated over 8 blocks.
+ *
+ * For output lane o and a sub-block of the weight (16 or 32 inputs):
  *
  *   y += (D dx) (dot + offset sum)         a type with a fixed offset (the offset's dot is
  *                                          exact: sum of the codes times the offset)
@@ -26,16 +28,24 @@
 /* The int8 activations of 8 rows for one block of 32 inputs, as the x86 paths read them: the
  * codes of chunk c (inputs 4c .. 4c + 3) of row i at codes[c][i], then each row's scale, code
  * sums (first half, second half, whole), min factors (the scale times each sum) and scaled
- * sum as the legacy mins want it. A tile of up to 8 rows then reads everything
- * from one address a block, each row and chunk at a constant offset from it, where the rows
- * of the plain layout lie k_pad bytes apart and cost the loop a register or a reload each. */
+ * sum as the legacy mins want it, and the sums as int16 pairs for bq_vnni_k.h's vpdpwssd
+ * (pair[0]: the two halves; pair[1], in an even block: its whole sum and the next block's).
+ * A tile of up to 8 rows then reads everything from one address a block, each row and chunk
+ * at a constant offset from it, where the rows of the plain layout lie k_pad bytes apart and
+ * cost the loop a register or a reload each. */
 typedef struct {
     int8_t codes[BQ_TILE / 4][BQ_TILE_ROWS][4];
     float da[BQ_TILE_ROWS];
     int32_t sum[3][BQ_TILE_ROWS];
     float min[3][BQ_TILE_ROWS];
     float sx[BQ_TILE_ROWS];
+    uint32_t pair[2][BQ_TILE_ROWS];
 } bq_tiled;
+
+/* Two sums as the int16 pair vpdpwssd reads from 32 bits (each fits: at most 32 x 127). */
+static inline uint32_t bq_sum_pair(int32_t s0, int32_t s1) {
+    return (uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16;
+}
 
 typedef struct {
     const int8_t *qa;    /* rows x k_pad int8 codes, or NULL */

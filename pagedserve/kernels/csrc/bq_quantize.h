@@ -74,6 +74,9 @@ static inline void tile_block(const bq_acts *xa, const int8_t *q, int64_t r, int
     T->sum[2][i] = xa->s16[2 * blk] + xa->s16[2 * blk + 1];
     for (int h = 0; h < 3; h++) T->min[h][i] = xa->da[blk] * (float)T->sum[h][i];
     T->sx[i] = xa->sx[blk];
+    T->pair[0][i] = bq_sum_pair(T->sum[0][i], T->sum[1][i]);
+    T->pair[1][i] = bq_sum_pair(T->sum[2][i], 0);
+    if (b % 2) T[-1].pair[1][i] = bq_sum_pair(T[-1].sum[2][i], T->sum[2][i]);
 }
 
 /* Row r of x (k values) into the activations: the plain loop. The clones for AVX2 and

@@ -11,10 +11,11 @@
  *   y += dx (sum_j D_j dot_j  -  dmin sum_j m_j sum_j)
  *
  * one FMA a row per sub-block for the first sum, the second in integers: m_j (6 bits) and the
- * codes' sum_j (|sum_j| <= 32 x 127) as int16 pairs, two sub-blocks to one vpdpwssd. A fixed
- * offset stays in the integer dot (dot_j + offset sum_j). Once per file block a row then
- * takes two FMAs, into its output in memory (bq_vnni.h keeps its sums in registers, which
- * the integer sums take here).
+ * codes' sum_j (|sum_j| <= 32 x 127) as int16 pairs, two sub-blocks to one vpdpwssd whose
+ * pair of sums is a memory operand (bq_tiled's pair fields). A fixed offset is summed the
+ * same way, D_j offset sum_j = d offset sc_j sum_j. Once per file block a row then takes
+ * two FMAs, into its output in memory (bq_vnni.h keeps its sums in registers, which the
+ * file block's sums take here).
  */
 #ifndef PAGEDSERVE_BQ_VNNI_K_H
 #define PAGEDSERVE_BQ_VNNI_K_H
@@ -25,21 +26,23 @@
 
 #define BQ_K_TILES (256 / BQ_TILE) /* tiles of a K type's file block */
 
-/* Sub-block j's integer mins for the 16 lanes as bytes (S_K_DM: their own bytes; S_K_DM4: the
- * high nibble of the scale's byte). */
-BQ_INLINE BQ_VNNI __m128i vnni_k_mins(const bq_layout *L, const uint8_t *p, int j) {
+/* Sub-block j's integer weights of the activation sums for the 16 lanes as bytes: the mins
+ * (S_K_DM: their own bytes; S_K_DM4: the high nibble of the scale's byte), or the signed
+ * scales of a type with a fixed offset. */
+BQ_INLINE BQ_VNNI __m128i vnni_k_sum_weights(const bq_layout *L, const uint8_t *p, int j) {
     const int subs = bq_subs(L);
+    if (L->scales == S_K_D) return _mm_loadu_si128((const __m128i *)(p + 32 + 16 * j));
     if (L->scales == S_K_DM) return _mm_loadu_si128((const __m128i *)(p + 64 + 16 * (subs + j)));
     const __m128i both = _mm_loadu_si128((const __m128i *)(p + 64 + 16 * j));
     return _mm_and_si128(_mm_srli_epi16(both, 4), _mm_set1_epi8(15));
 }
 
-/* Lane o: (m_j0[o], m_j1[o]) as two int16, the pair vpdpwssd multiplies with a row's sums. */
-BQ_INLINE BQ_VNNI __m512i vnni_k_min_pair(const bq_layout *L, const uint8_t *p, int j0) {
-    const __m128i m0 = vnni_k_mins(L, p, j0), m1 = vnni_k_mins(L, p, j0 + 1);
-    const __m256i pairs =
-        _mm256_set_m128i(_mm_unpackhi_epi8(m0, m1), _mm_unpacklo_epi8(m0, m1));
-    return _mm512_cvtepu8_epi16(pairs);
+/* Lane o: (w_2q[o], w_2q+1[o]) as two int16, the pair vpdpwssd multiplies with a row's two
+ * sums. */
+BQ_INLINE BQ_VNNI __m512i vnni_k_weight_pair(const bq_layout *L, const uint8_t *p, int q) {
+    const __m128i w0 = vnni_k_sum_weights(L, p, 2 * q), w1 = vnni_k_sum_weights(L, p, 2 * q + 1);
+    const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(w0, w1), _mm_unpacklo_epi8(w0, w1));
+    return L->scales == S_K_D ? _mm512_cvtepi8_epi16(pairs) : _mm512_cvtepu8_epi16(pairs);
 }
 
 /* D_j = d sc_j for the 16 lanes. */
@@ -52,9 +55,19 @@ BQ_INLINE BQ_VNNI __m512 vnni_k_scale(const bq_layout *L, const uint8_t *p, __m5
     return _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
 }
 
-/* Two int16 sums in the 32 bits vpdpwssd broadcasts. */
-BQ_INLINE uint32_t vnni_k_sum_pair(int32_t s0, int32_t s1) {
-    return (uint32_t)(uint16_t)s0 | (uint32_t)s1 << 16;
+/* acc += w's int16 pairs dotted with the pair at p, broadcast to every lane (folded into the
+ * instruction's memory operand, as vnni_dot_at does). */
+BQ_INLINE BQ_VNNI __m512i vnni_pair_dot_at(__m512i acc, __m512i w, const uint32_t *p) {
+    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*p));
+    return acc;
+}
+
+/* Row r's pair q of sums in file block b, from the plain rows (as bq_tiled's pair fields). */
+BQ_INLINE uint32_t vnni_k_plain_pair(const bq_acts *xa, int64_t row, int64_t b, int q,
+                                     int halves) {
+    const int64_t blk = row * xa->blocks + b * BQ_K_TILES;
+    if (halves == 2) return bq_sum_pair(xa->s16[2 * (blk + q)], xa->s16[2 * (blk + q) + 1]);
+    return bq_sum_pair(bq_sub_sum(xa, blk + 2 * q, 0, 1), bq_sub_sum(xa, blk + 2 * q + 1, 0, 1));
 }
 
 /* As vnni_tile, for layout li (a K type), int8 activations scaled per 256 inputs. */
@@ -73,11 +86,8 @@ vnni_k_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int
         const uint8_t *p = bq_scale_part(s, g, b);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
         __m512 inner[BQ_TILE_ROWS];
-        __m512i imin[BQ_TILE_ROWS];
         for (int r = 0; r < nr; r++) inner[r] = _mm512_setzero_ps();
-        for (int r = 0; r < nr; r++) imin[r] = _mm512_setzero_si512();
-        int32_t held[BQ_TILE_ROWS]; /* a one-half type's sum of the even tile, for the pair */
-        /* two tiles a pass (a one-half type's pair of sub-blocks), the passes a loop */
+        /* two tiles a pass, the passes a loop (all eight unrolled take the decoded-op cache) */
 #pragma GCC unroll 1
         for (int kk = 0; kk < BQ_K_TILES; kk += 2)
 #pragma GCC unroll 2
@@ -87,11 +97,6 @@ vnni_k_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int
             const bq_tiled *T =
                 tiled ? (const bq_tiled *)(at + k * (int64_t)sizeof(bq_tiled)) : NULL;
             bq_prefetch(s, L, g, t);
-            int32_t sums[2][BQ_TILE_ROWS]; /* each half's code sum, per row */
-            for (int r = 0; r < nr; r++)
-                for (int h = 0; h < halves; h++)
-                    sums[h][r] = tiled ? T->sum[halves == 2 ? h : 2][r]
-                                       : bq_sub_sum(xa, (r0 + r) * xa->blocks + t, h, halves);
 #pragma GCC unroll 2
             for (int h = 0; h < halves; h++) {
                 __m512i dot[BQ_TILE_ROWS], odd[BQ_TILE_ROWS];
@@ -109,32 +114,38 @@ vnni_k_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int
                 }
                 const __m512 D = vnni_k_scale(L, p, d, k * halves + h);
                 for (int r = 0; r < nr; r++) {
-                    __m512i v = nr <= 2 ? _mm512_add_epi32(dot[r], odd[r]) : dot[r];
-                    if (L->offset) v = _mm512_add_epi32(v, _mm512_set1_epi32(L->offset * sums[h][r]));
+                    const __m512i v = nr <= 2 ? _mm512_add_epi32(dot[r], odd[r]) : dot[r];
                     inner[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), D, inner[r]);
                 }
             }
-            if (mins && halves == 2) { /* the tile's two sub-blocks are a pair */
-                const __m512i m = vnni_k_min_pair(L, p, 2 * k);
-                for (int r = 0; r < nr; r++)
-                    imin[r] = _mm512_dpwssd_epi32(
-                        imin[r], m, _mm512_set1_epi32((int)vnni_k_sum_pair(sums[0][r], sums[1][r])));
-            } else if (mins && k == kk) {
-                for (int r = 0; r < nr; r++) held[r] = sums[0][r];
-            } else if (mins) { /* tiles k - 1 and k are a pair */
-                const __m512i m = vnni_k_min_pair(L, p, k - 1);
-                for (int r = 0; r < nr; r++)
-                    imin[r] = _mm512_dpwssd_epi32(
-                        imin[r], m, _mm512_set1_epi32((int)vnni_k_sum_pair(held[r], sums[0][r])));
+        }
+        /* the sums' part in integers: sum_j w_j sum_j, w the mins or the offset's scales */
+        __m512i isum[BQ_TILE_ROWS];
+        for (int r = 0; r < nr; r++) isum[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int q = 0; q < 4 * halves; q++) {
+            const __m512i w = vnni_k_weight_pair(L, p, q);
+            const int64_t tile_of_pair = halves == 2 ? q : 2 * q;
+            const bq_tiled *T =
+                tiled ? (const bq_tiled *)(at + tile_of_pair * (int64_t)sizeof(bq_tiled)) : NULL;
+            for (int r = 0; r < nr; r++) {
+                if (tiled) {
+                    isum[r] = vnni_pair_dot_at(isum[r], w, &T->pair[halves == 2 ? 0 : 1][r]);
+                } else {
+                    const uint32_t pair = vnni_k_plain_pair(xa, r0 + r, b, q, halves);
+                    isum[r] = _mm512_dpwssd_epi32(isum[r], w, _mm512_set1_epi32((int)pair));
+                }
             }
         }
-        const __m512 dmin = mins ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)))
-                                 : _mm512_setzero_ps();
+        /* mins: M_j = -dmin m_j; a fixed offset: D_j offset = d offset sc_j */
+        const __m512 coef =
+            mins ? _mm512_sub_ps(_mm512_setzero_ps(),
+                                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))))
+                 : _mm512_mul_ps(d, _mm512_set1_ps((float)L->offset));
         for (int r = 0; r < nr; r++) {
             const float dx = tiled ? ((const bq_tiled *)at)->da[r]
                                    : xa->da[(r0 + r) * xa->blocks + b * BQ_K_TILES];
-            __m512 v = inner[r];
-            if (mins) v = _mm512_fnmadd_ps(dmin, _mm512_cvtepi32_ps(imin[r]), v);
+            const __m512 v = _mm512_fmadd_ps(coef, _mm512_cvtepi32_ps(isum[r]), inner[r]);
             _mm512_storeu_ps(out[r], _mm512_fmadd_ps(v, _mm512_set1_ps(dx),
                                                      _mm512_loadu_ps(out[r])));
         }
