@@ -111,7 +111,7 @@ void bq_quantize(const float *x, int64_t x_stride, int64_t rows, int64_t k, int6
                  float *sx, int32_t *s16) {
     const int wide = act_bits == 16;
     const bq_acts xa = {wide ? NULL : (int8_t *)codes, wide ? (int16_t *)codes : NULL, da, s16,
-                        sx, k_pad / BQ_TILE, x, x_stride, NULL};
+                        NULL, sx, k_pad / BQ_TILE, x, x_stride, NULL};
     const int avx512 = vector && (bq_paths() >> PATH_VNNI & 1);
     for (int64_t r = 0; r < rows; r++)
         quantize_row(&xa, x + r * x_stride, k, r, avx512, (int)group);
@@ -200,11 +200,11 @@ static void group_rows(const segment_run *run, const bq_acts *acts, int64_t g, i
     }
 }
 
-/* The activations' bytes per row: plain codes, then da, sx and s16 (4-byte values), then the
- * x86 paths' tiled copy (bq_tiled, 8 rows at a time). */
+/* The activations' bytes per row: plain codes, then da, sx, s16 and pairs (4-byte values),
+ * then the x86 paths' tiled copy (bq_tiled, 8 rows at a time). */
 static size_t acts_row_bytes(int64_t k_pad, int wide) {
     const int64_t blocks = k_pad / BQ_TILE;
-    return (size_t)(k_pad * (wide ? 2 : 1) + blocks * 16) +
+    return (size_t)(k_pad * (wide ? 2 : 1) + blocks * 24) +
            (size_t)blocks * sizeof(bq_tiled) / BQ_TILE_ROWS;
 }
 
@@ -224,22 +224,23 @@ typedef struct {
     int needs[2];            /* whether some segment reads activations of each scaling */
 } linear_plan;
 
-/* The activations of `rows` rows laid out from buf: plain codes, then da, sx and s16, then
- * (where `tiled`) the tiled copy; returns the bytes they take. */
+/* The activations of `rows` rows laid out from buf: plain codes, then da, sx, s16 and pairs,
+ * then (where `tiled`) the tiled copy; returns the bytes they take. */
 static size_t acts_at(uint8_t *buf, int64_t rows, int64_t k_pad, int wide, int tiled,
                       const float *x, int64_t x_stride, bq_acts *xa) {
     const int64_t blocks = k_pad / BQ_TILE;
     const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
     const size_t codes_at = (code_bytes + 63) / 64 * 64;
-    const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 16 + 63) / 64 * 64;
+    const size_t plain_bytes = codes_at + ((size_t)(rows * blocks) * 24 + 63) / 64 * 64;
     const size_t tiled_bytes =
         tiled ? (size_t)((rows + BQ_TILE_ROWS - 1) / BQ_TILE_ROWS * blocks) * sizeof(bq_tiled) : 0;
     if (buf != NULL) {
         float *da = (float *)(buf + codes_at);
         float *sx = da + rows * blocks;
-        *xa = (bq_acts){wide ? NULL : (int8_t *)buf, wide ? (int16_t *)buf : NULL, da,
-                        (int32_t *)(sx + rows * blocks), sx, blocks, x, x_stride,
-                        tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
+        int32_t *s16 = (int32_t *)(sx + rows * blocks);
+        *xa = (bq_acts){wide ? NULL : (int8_t *)buf, wide ? (int16_t *)buf : NULL, da, s16,
+                        wide ? NULL : (uint32_t *)(s16 + 2 * rows * blocks), sx, blocks, x,
+                        x_stride, tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
     }
     return plain_bytes + tiled_bytes;
 }

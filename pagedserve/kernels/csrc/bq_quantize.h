@@ -62,6 +62,18 @@ static inline void block_sums(const bq_acts *xa, int64_t blk, float d, int32_t s
     ((float *)xa->sx)[blk] = wide ? sum : (sum < 0 ? -round_f16(-sum) : round_f16(sum));
 }
 
+/* Row r's block b's sums as int16 pairs (bq_tiled.pair), where the activations keep them. */
+static inline void block_pairs(const bq_acts *xa, int64_t r, int64_t b) {
+    if (xa->pairs == NULL) return;
+    const int64_t blk = r * xa->blocks + b;
+    uint32_t *pairs = (uint32_t *)xa->pairs;
+    const int32_t whole = xa->s16[2 * blk] + xa->s16[2 * blk + 1];
+    pairs[2 * blk] = bq_sum_pair(xa->s16[2 * blk], xa->s16[2 * blk + 1]);
+    pairs[2 * blk + 1] = bq_sum_pair(whole, 0);
+    if (b % 2)
+        pairs[2 * blk - 1] = bq_sum_pair(xa->s16[2 * blk - 2] + xa->s16[2 * blk - 1], whole);
+}
+
 /* Row r's block b, already quantized (codes at q), into the tiled activations. */
 static inline void tile_block(const bq_acts *xa, const int8_t *q, int64_t r, int64_t b) {
     bq_tiled *T = (bq_tiled *)xa->tiled + (r / BQ_TILE_ROWS) * xa->blocks + b;
@@ -119,6 +131,7 @@ static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int
         else
             for (int j = 0; j < BQ_TILE; j++) qa[b * BQ_TILE + j] = (int8_t)q[j];
         block_sums(xa, r * xa->blocks + b, d, sums[0], sums[1], wide);
+        if (!wide) block_pairs(xa, r, b);
         if (xa->tiled != NULL) tile_block(xa, qa + b * BQ_TILE, r, b);
     }
 }
@@ -171,6 +184,7 @@ BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *
         }
         block_sums(xa, r * xa->blocks + b, d, _mm512_reduce_add_epi32(q0),
                    _mm512_reduce_add_epi32(q1), wide);
+        if (!wide) block_pairs(xa, r, b);
         if (xa->tiled != NULL) tile_block(xa, qa + b * BQ_TILE, r, b);
     }
 }

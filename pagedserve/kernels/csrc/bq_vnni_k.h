@@ -26,23 +26,26 @@
 
 #define BQ_K_TILES (256 / BQ_TILE) /* tiles of a K type's file block */
 
-/* Sub-block j's integer weights of the activation sums for the 16 lanes as bytes: the mins
- * (S_K_DM: their own bytes; S_K_DM4: the high nibble of the scale's byte), or the signed
- * scales of a type with a fixed offset. */
-BQ_INLINE BQ_VNNI __m128i vnni_k_sum_weights(const bq_layout *L, const uint8_t *p, int j) {
-    const int subs = bq_subs(L);
-    if (L->scales == S_K_D) return _mm_loadu_si128((const __m128i *)(p + 32 + 16 * j));
-    if (L->scales == S_K_DM) return _mm_loadu_si128((const __m128i *)(p + 64 + 16 * (subs + j)));
-    const __m128i both = _mm_loadu_si128((const __m128i *)(p + 64 + 16 * j));
-    return _mm_and_si128(_mm_srli_epi16(both, 4), _mm_set1_epi8(15));
-}
-
 /* Lane o: (w_2q[o], w_2q+1[o]) as two int16, the pair vpdpwssd multiplies with a row's two
- * sums. */
+ * sums; w the integer mins (S_K_DM: their own bytes; S_K_DM4: the high nibble of the scale's
+ * byte) or the signed scales of a type with a fixed offset. Sub-blocks 2q and 2q + 1 lie in
+ * 32 adjacent bytes, widened and then interleaved by one word permutation. */
 BQ_INLINE BQ_VNNI __m512i vnni_k_weight_pair(const bq_layout *L, const uint8_t *p, int q) {
-    const __m128i w0 = vnni_k_sum_weights(L, p, 2 * q), w1 = vnni_k_sum_weights(L, p, 2 * q + 1);
-    const __m256i pairs = _mm256_set_m128i(_mm_unpackhi_epi8(w0, w1), _mm_unpacklo_epi8(w0, w1));
-    return L->scales == S_K_D ? _mm512_cvtepi8_epi16(pairs) : _mm512_cvtepu8_epi16(pairs);
+    const __m512i interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+        23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512i w;
+    if (L->scales == S_K_D) {
+        w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 32 + 32 * q)));
+    } else if (L->scales == S_K_DM) {
+        const uint8_t *mins = p + 64 + 16 * (bq_subs(L) + 2 * q);
+        w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)mins));
+    } else {
+        const __m256i both = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * q));
+        const __m256i mins = _mm256_and_si256(_mm256_srli_epi16(both, 4), _mm256_set1_epi8(15));
+        w = _mm512_cvtepu8_epi16(mins);
+    }
+    return _mm512_permutexvar_epi16(interleave, w);
 }
 
 /* D_j = d sc_j for the 16 lanes. */
@@ -62,12 +65,11 @@ BQ_INLINE BQ_VNNI __m512i vnni_pair_dot_at(__m512i acc, __m512i w, const uint32_
     return acc;
 }
 
-/* Row r's pair q of sums in file block b, from the plain rows (as bq_tiled's pair fields). */
-BQ_INLINE uint32_t vnni_k_plain_pair(const bq_acts *xa, int64_t row, int64_t b, int q,
-                                     int halves) {
-    const int64_t blk = row * xa->blocks + b * BQ_K_TILES;
-    if (halves == 2) return bq_sum_pair(xa->s16[2 * (blk + q)], xa->s16[2 * (blk + q) + 1]);
-    return bq_sum_pair(bq_sub_sum(xa, blk + 2 * q, 0, 1), bq_sub_sum(xa, blk + 2 * q + 1, 0, 1));
+/* Row r's pair q of sums in file block b, in the plain rows' pairs (as bq_tiled.pair). */
+BQ_INLINE const uint32_t *vnni_k_plain_pair(const bq_acts *xa, int64_t row, int64_t b, int q,
+                                            int halves) {
+    const int64_t blk = row * xa->blocks + b * BQ_K_TILES + (halves == 2 ? q : 2 * q);
+    return &xa->pairs[2 * blk + (halves == 2 ? 0 : 1)];
 }
 
 /* As vnni_tile, for layout li (a K type), int8 activations scaled per 256 inputs. */
@@ -128,14 +130,10 @@ vnni_k_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int
             const int64_t tile_of_pair = halves == 2 ? q : 2 * q;
             const bq_tiled *T =
                 tiled ? (const bq_tiled *)(at + tile_of_pair * (int64_t)sizeof(bq_tiled)) : NULL;
-            for (int r = 0; r < nr; r++) {
-                if (tiled) {
-                    isum[r] = vnni_pair_dot_at(isum[r], w, &T->pair[halves == 2 ? 0 : 1][r]);
-                } else {
-                    const uint32_t pair = vnni_k_plain_pair(xa, r0 + r, b, q, halves);
-                    isum[r] = _mm512_dpwssd_epi32(isum[r], w, _mm512_set1_epi32((int)pair));
-                }
-            }
+            for (int r = 0; r < nr; r++)
+                isum[r] = vnni_pair_dot_at(isum[r], w,
+                                           tiled ? &T->pair[halves == 2 ? 0 : 1][r]
+                                                 : vnni_k_plain_pair(xa, r0 + r, b, q, halves));
         }
         /* mins: M_j = -dmin m_j; a fixed offset: D_j offset = d offset sc_j */
         const __m512 coef =
