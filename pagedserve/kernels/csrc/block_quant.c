@@ -227,7 +227,7 @@ typedef struct {
 /* The activations of `rows` rows laid out from buf: plain codes, then da, sx, s16 and pairs,
  * then (where `tiled`) the tiled copy; returns the bytes they take. */
 static size_t acts_at(uint8_t *buf, int64_t rows, int64_t k_pad, int wide, int tiled,
-                      const float *x, int64_t x_stride, bq_acts *xa) {
+                      int pairs, const float *x, int64_t x_stride, bq_acts *xa) {
     const int64_t blocks = k_pad / BQ_TILE;
     const size_t code_bytes = (size_t)(rows * k_pad) * (wide ? 2 : 1);
     const size_t codes_at = (code_bytes + 63) / 64 * 64;
@@ -239,7 +239,7 @@ static size_t acts_at(uint8_t *buf, int64_t rows, int64_t k_pad, int wide, int t
         float *sx = da + rows * blocks;
         int32_t *s16 = (int32_t *)(sx + rows * blocks);
         *xa = (bq_acts){wide ? NULL : (int8_t *)buf, wide ? (int16_t *)buf : NULL, da, s16,
-                        wide ? NULL : (uint32_t *)(s16 + 2 * rows * blocks), sx, blocks, x,
+                        pairs ? (uint32_t *)(s16 + 2 * rows * blocks) : NULL, sx, blocks, x,
                         x_stride, tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
     }
     return plain_bytes + tiled_bytes;
@@ -259,7 +259,7 @@ static void linear_slab(const linear_plan *p, const float *x, int64_t x_stride, 
                         float *y, int64_t y_stride) {
     const int64_t threads = p->threads, groups = p->groups;
     const int tiled = p->tiles && rows >= 4;
-    const size_t set_bytes = acts_at(NULL, rows, p->k_pad, p->wide, tiled, x, x_stride, NULL);
+    const size_t set_bytes = acts_at(NULL, rows, p->k_pad, p->wide, tiled, 1, x, x_stride, NULL);
     void *owned;
     uint8_t *buf = acts_buffer(set_bytes * (size_t)(p->needs[0] + p->needs[1]), &owned);
     /* the 16-bit weights' tiles read only the float rows */
@@ -267,8 +267,8 @@ static void linear_slab(const linear_plan *p, const float *x, int64_t x_stride, 
                        {.blocks = p->k_pad / BQ_TILE, .x = x, .x_stride = x_stride}};
     for (int set = 0, at = 0; set < 2; set++)
         if (p->needs[set])
-            acts_at(buf + set_bytes * (size_t)at++, rows, p->k_pad, p->wide, tiled, x, x_stride,
-                    &acts[set]);
+            acts_at(buf + set_bytes * (size_t)at++, rows, p->k_pad, p->wide, tiled, set == 1, x,
+                    x_stride, &acts[set]); /* the sums' pairs: bq_vnni_k.h's */
     int64_t per_item = groups / (threads * ITEMS_PER_THREAD);
     if (per_item < 1) per_item = 1;
     const int64_t group_items = (groups + per_item - 1) / per_item;

@@ -52,8 +52,9 @@ typedef struct {
     const int16_t *qa16; /* int16 codes instead, where not NULL */
     const float *da;     /* rows x blocks: each block's scale */
     const int32_t *s16;  /* rows x blocks x 2: the sums of the codes per 16 inputs */
-    const uint32_t *pairs; /* rows x blocks x 2, or NULL: bq_tiled.pair's values, for the
-                            * plain rows of int8 activations */
+    const uint32_t *pairs; /* rows x blocks x 2, or NULL: bq_tiled.pair's values for the
+                            * plain rows, where bq_vnni_k.h reads the activations (and
+                            * bq_tiled.pair is written only then) */
     const float *sx;     /* rows x blocks: scale times sum, rounded as the legacy mins want */
     int64_t blocks;
     const float *x;      /* the float rows themselves (16-bit weights read them) */

@@ -86,6 +86,7 @@ static inline void tile_block(const bq_acts *xa, const int8_t *q, int64_t r, int
     T->sum[2][i] = xa->s16[2 * blk] + xa->s16[2 * blk + 1];
     for (int h = 0; h < 3; h++) T->min[h][i] = xa->da[blk] * (float)T->sum[h][i];
     T->sx[i] = xa->sx[blk];
+    if (xa->pairs == NULL) return; /* no K kernel reads them */
     T->pair[0][i] = bq_sum_pair(T->sum[0][i], T->sum[1][i]);
     T->pair[1][i] = bq_sum_pair(T->sum[2][i], 0);
     if (b % 2) T[-1].pair[1][i] = bq_sum_pair(T[-1].sum[2][i], T->sum[2][i]);
@@ -131,7 +132,7 @@ static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int
         else
             for (int j = 0; j < BQ_TILE; j++) qa[b * BQ_TILE + j] = (int8_t)q[j];
         block_sums(xa, r * xa->blocks + b, d, sums[0], sums[1], wide);
-        if (!wide) block_pairs(xa, r, b);
+        block_pairs(xa, r, b);
         if (xa->tiled != NULL) tile_block(xa, qa + b * BQ_TILE, r, b);
     }
 }
@@ -184,7 +185,7 @@ BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *
         }
         block_sums(xa, r * xa->blocks + b, d, _mm512_reduce_add_epi32(q0),
                    _mm512_reduce_add_epi32(q1), wide);
-        if (!wide) block_pairs(xa, r, b);
+        block_pairs(xa, r, b);
         if (xa->tiled != NULL) tile_block(xa, qa + b * BQ_TILE, r, b);
     }
 }
