@@ -105,6 +105,20 @@ BQ_INLINE BQ_VNNI __m512i vnni_dot_at(__m512i acc, __m512i u, const int8_t *p) {
     return acc;
 }
 
+/* dot[r] (odd[r] for an odd chunk of one or two rows, so that a row's dot products are not
+ * one chain of dependent instructions) += chunk c of block t's codes u times row r0 + r's
+ * int8 activations: the tiled block T's where `tiled`, else the plain rows'. */
+BQ_INLINE BQ_VNNI void vnni_rows_dot(const bq_acts *xa, const bq_tiled *T, const int tiled,
+                                     int64_t r0, const int nr, int64_t t, const int c, __m512i u,
+                                     __m512i *dot, __m512i *odd) {
+    for (int r = 0; r < nr; r++) {
+        const int8_t *a =
+            tiled ? T->codes[c][r] : xa->qa + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
+        if (nr <= 2 && c % 2) odd[r] = vnni_dot_at(odd[r], u, a);
+        else dot[r] = vnni_dot_at(dot[r], u, a);
+    }
+}
+
 /* li: the layout's index in BQ_LAYOUTS, a constant in every instance, so that its fields
  * fold into the code. */
 static inline __attribute__((always_inline)) BQ_VNNI void
@@ -145,13 +159,7 @@ vnni_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int n
             for (int c = h * 8 / halves; c < (h + 1) * 8 / halves; c++) {
                 const __m512i u = vnni_codes(tile, codes, c);
                 if (!wide) {
-                    for (int r = 0; r < nr; r++) {
-                        const int8_t *a =
-                            tiled ? T->codes[c][r]
-                                  : xa->qa + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
-                        if (nr <= 2 && c % 2) odd[r] = vnni_dot_at(odd[r], u, a);
-                        else dot[r] = vnni_dot_at(dot[r], u, a);
-                    }
+                    vnni_rows_dot(xa, T, tiled, r0, nr, t, c, u, dot, odd);
                 } else {
                     const __m512i ulo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(u));
                     const __m512i uhi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(u, 1));

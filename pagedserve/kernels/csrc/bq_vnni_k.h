@@ -105,14 +105,8 @@ vnni_k_tile(const bq_seg *s, const bq_acts *xa, int64_t g, int64_t r0, const int
                 for (int r = 0; r < nr; r++) dot[r] = odd[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
                 for (int c = h * 8 / halves; c < (h + 1) * 8 / halves; c++) {
-                    const __m512i u = vnni_codes(tile, codes, c);
-                    for (int r = 0; r < nr; r++) {
-                        const int8_t *a =
-                            tiled ? T->codes[c][r]
-                                  : xa->qa + ((r0 + r) * xa->blocks + t) * BQ_TILE + 4 * c;
-                        if (nr <= 2 && c % 2) odd[r] = vnni_dot_at(odd[r], u, a);
-                        else dot[r] = vnni_dot_at(dot[r], u, a);
-                    }
+                    vnni_rows_dot(xa, T, tiled, r0, nr, t, c, vnni_codes(tile, codes, c), dot,
+                                  odd);
                 }
                 const __m512 D = vnni_k_scale(L, p, d, k * halves + h);
                 for (int r = 0; r < nr; r++) {
