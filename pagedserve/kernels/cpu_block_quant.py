@@ -19,7 +19,7 @@ sub-block, activation block), the scales applied in float32 (``csrc/bq_kernel.h`
   float16 block sums for the legacy types with mins): about 0.5% of each output. A layer's
   output matches an emulation of llama.cpp's own q8_1 x Q4_1 dot product to 1e-7. The K
   types on the AVX-512 path take one scale per 256 inputs, as llama.cpp's Q8_K
-  (``activation_group``, ``csrc/bq_vnni_k.h``): 0.80-0.94 of the time at 32 to 512 rows,
+  (``activation_group``, ``csrc/bq_vnni_k.h``): 0.81-0.97 of the time at 32 to 512 rows,
   and on SmolLM2 requantized to Q4_K_M the prompt log-probabilities moved 0.079 from the
   dequantized float32 model's on average against 0.062 per block of 32.
   A call with segments of both kinds quantizes its rows both ways.
