@@ -283,8 +283,12 @@ def _nbytes(state: BlockQuantState) -> int:
 
 
 def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Output rows ``ids`` of the weight, dequantized as gguf dequantizes the file's blocks."""
+    """Output rows ``ids`` of the weight, dequantized as gguf dequantizes the file's blocks;
+    an id outside the weight's rows raises IndexError (the C reads no row it is not given)."""
     ids = ids.reshape(-1).to(torch.int64)
+    if len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) < state.out_features:
+        raise IndexError(f"row ids must lie in [0, {state.out_features}), got "
+                         f"{int(ids.min())} .. {int(ids.max())}")
     out = torch.empty(len(ids), state.padded_in, dtype=torch.float32)
     table = state.segments.tolist()
     for type_id, rows, offset, column in table:

@@ -89,6 +89,21 @@ def test_packed_rows_read_back_as_gguf_dequantizes(qtype) -> None:
     assert torch.equal(rows, _dequantized(qtype, raw)[ids])
 
 
+def test_a_row_id_outside_the_weight_is_refused() -> None:
+    # The C would read past the packed weight (a crash), and a fused weight's segments would
+    # each skip the id and leave its row unwritten.
+    (q4k, alone), (q80, tail) = _weight(T.Q4_K, 20, 256, 1), _weight(T.Q8_0, 3, 256, 4)
+    table = torch.cat([_dequantized(T.Q4_K, q4k), _dequantized(T.Q8_0, q80)])
+    for weight in (alone, concat_rows([alone, tail])):
+        state = BLOCK_QUANT_KERNEL.prepare(weight)
+        rows = weight.out_features
+        for bad in (rows, -1):
+            with pytest.raises(IndexError, match=rf"^row ids must lie in \[0, {rows}\), got "):
+                BLOCK_QUANT_KERNEL.lookup(state, torch.tensor([0, bad]), torch.float32)
+        last = BLOCK_QUANT_KERNEL.lookup(state, torch.tensor([rows - 1]), torch.float32)
+        assert torch.equal(last, table[rows - 1 : rows])
+
+
 def _as_quantized(x: torch.Tensor, bits: int,
                   group: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """x with each block of 32 quantized as the kernel does (the scale of ``group`` blocks),
