@@ -242,14 +242,18 @@ def linear_into(rows: torch.Tensor, state: BlockQuantState, out: torch.Tensor) -
                          n, threads, _PATH_IDS[state.path], state.activation_bits)
 
 
+def _built_library() -> ctypes.CDLL:
+    library = _library()
+    if library is None:
+        raise RuntimeError("the block-quant C kernel is not built on this machine")
+    return library
+
+
 def activation_group(path: str, type_id: int, bits: int = 8) -> int:
     """How many blocks of 32 inputs share one activation scale where ``path`` runs a weight of
     GGUF type ``type_id`` with ``bits``-bit activations: 8 (256 inputs, as llama.cpp's Q8_K)
     for the K types on the AVX-512 path with int8 activations, else 1."""
-    library = _library()
-    if library is None:
-        raise RuntimeError("the block-quant C kernel is not built on this machine")
-    return int(library.bq_act_group(_PATH_IDS[path], type_id, bits))
+    return int(_built_library().bq_act_group(_PATH_IDS[path], type_id, bits))
 
 
 def quantize_activations(x: torch.Tensor, bits: int = 8, vector: bool = True, group: int = 1,
@@ -260,9 +264,7 @@ def quantize_activations(x: torch.Tensor, bits: int = 8, vector: bool = True, gr
     (1, or 8 as ``activation_group`` says), written for each. ``vector`` False takes the
     plain loop where the CPU has the AVX-512 one (``csrc/bq_quantize.h``: the two give the
     same values)."""
-    library = _library()
-    if library is None:
-        raise RuntimeError("the block-quant C kernel is not built on this machine")
+    library = _built_library()
     if bits not in (8, 16) or x.dtype != torch.float32 or x.dim() != 2 or group not in (1, 8):
         raise ValueError(f"quantize_activations takes float32 rows [m, k], 8 or 16 bits and "
                          f"a group of 1 or 8 blocks, got {x.dtype} {list(x.shape)}, {bits} "
@@ -286,9 +288,11 @@ def _lookup(state: BlockQuantState, ids: torch.Tensor, dtype: torch.dtype) -> to
     """Output rows ``ids`` of the weight, dequantized as gguf dequantizes the file's blocks;
     an id outside the weight's rows raises IndexError (the C reads no row it is not given)."""
     ids = ids.reshape(-1).to(torch.int64)
-    if len(ids) and not 0 <= int(ids.min()) <= int(ids.max()) < state.out_features:
-        raise IndexError(f"row ids must lie in [0, {state.out_features}), got "
-                         f"{int(ids.min())} .. {int(ids.max())}")
+    if len(ids):
+        low, high = (int(v) for v in torch.aminmax(ids))
+        if low < 0 or high >= state.out_features:
+            raise IndexError(f"row ids must lie in [0, {state.out_features}), got "
+                             f"{low} .. {high}")
     out = torch.empty(len(ids), state.padded_in, dtype=torch.float32)
     table = state.segments.tolist()
     for type_id, rows, offset, column in table:

@@ -200,23 +200,6 @@ static void group_rows(const segment_run *run, const bq_acts *acts, int64_t g, i
     }
 }
 
-/* The activations' bytes per row: plain codes, then da, sx, s16 and pairs (4-byte values),
- * then the x86 paths' tiled copy (bq_tiled, 8 rows at a time). */
-static size_t acts_row_bytes(int64_t k_pad, int wide) {
-    const int64_t blocks = k_pad / BQ_TILE;
-    return (size_t)(k_pad * (wide ? 2 : 1) + blocks * 24) +
-           (size_t)blocks * sizeof(bq_tiled) / BQ_TILE_ROWS;
-}
-
-/* Rows of one bq_linear call at a time: as many as the kept activation buffer holds (whole
- * chunks of rows), so that a long prefill neither allocates nor faults in a buffer of its
- * own on every call; each slab's activations are written and read while they are in cache. */
-static int64_t slab_rows(int64_t k_pad, int wide, int sets) {
-    const size_t row_bytes = acts_row_bytes(k_pad, wide) * (size_t)(sets > 1 ? sets : 1);
-    const int64_t fit = (int64_t)(KEEP_BYTES / row_bytes) / CHUNK_ROWS * CHUNK_ROWS;
-    return fit > CHUNK_ROWS ? fit : CHUNK_ROWS;
-}
-
 typedef struct {
     const segment_run *runs;
     int64_t nseg, groups, k, k_pad, threads;
@@ -243,6 +226,17 @@ static size_t acts_at(uint8_t *buf, int64_t rows, int64_t k_pad, int wide, int t
                         x_stride, tiled ? (const bq_tiled *)(buf + plain_bytes) : NULL};
     }
     return plain_bytes + tiled_bytes;
+}
+
+/* Rows of one bq_linear call at a time: as many as the kept activation buffer holds (whole
+ * chunks of rows, each set of activations laid out as acts_at lays it out), so that a long
+ * prefill neither allocates nor faults in a buffer of its own on every call; each slab's
+ * activations are written and read while they are in cache. */
+static int64_t slab_rows(int64_t k_pad, int wide, int sets) {
+    const size_t chunk = acts_at(NULL, CHUNK_ROWS, k_pad, wide, 1, 1, NULL, 0, NULL) *
+                         (size_t)(sets > 1 ? sets : 1);
+    const int64_t fit = (int64_t)(KEEP_BYTES / chunk) * CHUNK_ROWS;
+    return fit > CHUNK_ROWS ? fit : CHUNK_ROWS;
 }
 
 /* Rows [r0, r_end) of x into each needed set of activations (set 1 scaled per 8 blocks). */

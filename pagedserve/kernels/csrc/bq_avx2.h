@@ -65,7 +65,7 @@ BQ_INLINE BQ_AVX2 __m256i avx2_codes(const uint8_t *tile, const int codes, const
 BQ_INLINE BQ_AVX2 void avx2_scales(const bq_layout *L, const bq_seg *s, int64_t g, int64_t t,
                                    int h, int x, __m256 *D, __m256 *M) {
     const uint8_t *p = bq_scale_part(s, g, t * BQ_TILE / L->block);
-    const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h, subs = bq_subs(L);
+    const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * x)));
     switch (L->scales) {
     case S_D: *D = d; return;
@@ -74,13 +74,14 @@ BQ_INLINE BQ_AVX2 void avx2_scales(const bq_layout *L, const bq_seg *s, int64_t 
         *M = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * x)));
         return;
     case S_K_D: {
-        const __m128i sc = _mm_loadl_epi64((const __m128i *)(p + 32 + 16 * j + 8 * x));
+        const __m128i sc = _mm_loadl_epi64((const __m128i *)(p + bq_k_scales_at(L, j) + 8 * x));
         *D = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
         return;
     }
     default: {
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 + 16 * x)));
-        const uint8_t *scales = p + 64 + 16 * j + 8 * x, *mins = p + 64 + 16 * (subs + j) + 8 * x;
+        const uint8_t *scales = p + bq_k_scales_at(L, j) + 8 * x;
+        const uint8_t *mins = p + bq_k_mins_at(L, j) + 8 * x;
         __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)scales)), m;
         if (L->scales == S_K_DM) {
             m = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mins));

@@ -177,11 +177,10 @@ BQ_PACK_INLINE void pack_scales(const bq_layout *L, const bq_block *blk, uint8_t
     for (int o = 0; o < BQ_GROUP; o++) {
         memcpy(p + 2 * o, &blk[o].d, 2);
         if (L->scales != S_D && L->scales != S_K_D) memcpy(p + 32 + 2 * o, &blk[o].dmin, 2);
-        const int scales_at = (L->scales == S_K_D) ? 32 : 64;
         if (L->scales >= S_K_D)
-            for (int j = 0; j < subs; j++) p[scales_at + 16 * j + o] = blk[o].sc[j];
+            for (int j = 0; j < subs; j++) p[bq_k_scales_at(L, j) + o] = blk[o].sc[j];
         if (L->scales == S_K_DM)
-            for (int j = 0; j < subs; j++) p[64 + 16 * (subs + j) + o] = blk[o].m[j];
+            for (int j = 0; j < subs; j++) p[bq_k_mins_at(L, j) + o] = blk[o].m[j];
     }
 }
 

@@ -212,23 +212,33 @@ static inline float bq_f16(uint16_t h) {
 
 /* The scales of sub-block j of file block `block` for output lane o: D, and M for a type
  * with mins (w = D u + M; a type with a fixed offset leaves M alone). */
+/* Where a K type's sub-block j keeps, in a scale part, the 16 lanes' integer scales (int8
+ * where the type has a fixed offset, else uint8; Q2_K's low nibbles) and their mins (Q2_K:
+ * the high nibbles of the same bytes). */
+static inline int bq_k_scales_at(const bq_layout *L, int j) {
+    return (L->scales == S_K_D ? 32 : 64) + 16 * j;
+}
+
+static inline int bq_k_mins_at(const bq_layout *L, int j) {
+    return L->scales == S_K_DM ? 64 + 16 * (bq_subs(L) + j) : bq_k_scales_at(L, j);
+}
+
 static inline void bq_lane_scales(const bq_seg *s, int64_t g, int64_t block, int j, int o,
                                   float *D, float *M) {
     const bq_layout *L = s->L;
     const uint8_t *p = bq_scale_part(s, g, block);
     const float d = bq_f16(bq_load_u16(p + 2 * o));
-    const int subs = bq_subs(L);
     switch (L->scales) {
     case S_D: *D = d; break;
     case S_DM: *D = d; *M = bq_f16(bq_load_u16(p + 32 + 2 * o)); break;
-    case S_K_D: *D = d * (float)(int8_t)p[32 + 16 * j + o]; break;
+    case S_K_D: *D = d * (float)(int8_t)p[bq_k_scales_at(L, j) + o]; break;
     case S_K_DM:
-        *D = d * (float)p[64 + 16 * j + o];
-        *M = -(bq_f16(bq_load_u16(p + 32 + 2 * o)) * (float)p[64 + 16 * (subs + j) + o]);
+        *D = d * (float)p[bq_k_scales_at(L, j) + o];
+        *M = -(bq_f16(bq_load_u16(p + 32 + 2 * o)) * (float)p[bq_k_mins_at(L, j) + o]);
         break;
     default:
-        *D = d * (float)(p[64 + 16 * j + o] & 15);
-        *M = -(bq_f16(bq_load_u16(p + 32 + 2 * o)) * (float)(p[64 + 16 * j + o] >> 4));
+        *D = d * (float)(p[bq_k_scales_at(L, j) + o] & 15);
+        *M = -(bq_f16(bq_load_u16(p + 32 + 2 * o)) * (float)(p[bq_k_mins_at(L, j) + o] >> 4));
         break;
     }
 }

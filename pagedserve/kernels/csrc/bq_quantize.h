@@ -87,9 +87,9 @@ static inline void tile_block(const bq_acts *xa, const int8_t *q, int64_t r, int
     for (int h = 0; h < 3; h++) T->min[h][i] = xa->da[blk] * (float)T->sum[h][i];
     T->sx[i] = xa->sx[blk];
     if (xa->pairs == NULL) return; /* no K kernel reads them */
-    T->pair[0][i] = bq_sum_pair(T->sum[0][i], T->sum[1][i]);
-    T->pair[1][i] = bq_sum_pair(T->sum[2][i], 0);
-    if (b % 2) T[-1].pair[1][i] = bq_sum_pair(T[-1].sum[2][i], T->sum[2][i]);
+    T->pair[0][i] = xa->pairs[2 * blk]; /* as block_pairs wrote them */
+    T->pair[1][i] = xa->pairs[2 * blk + 1];
+    if (b % 2) T[-1].pair[1][i] = xa->pairs[2 * blk - 1];
 }
 
 /* Row r of x (k values) into the activations: the plain loop. The clones for AVX2 and
@@ -100,27 +100,27 @@ __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int64_t r,
                                int group) {
     const int wide = xa->qa16 != NULL;
-    uint32_t group_bits = 0;
     const float top = wide ? 32767.0f : 127.0f;
+    float d = 0.0f, inv = 0.0f; /* of the block's group */
     int8_t *qa = (int8_t *)xa->qa + r * xa->blocks * BQ_TILE;
     int16_t *qa16 = (int16_t *)xa->qa16 + r * xa->blocks * BQ_TILE;
     for (int64_t b = 0; b < xa->blocks; b++) {
         float vals[BQ_TILE];
-        uint32_t top_bits = 0; /* of the largest magnitude: integer order is float order */
         if ((b + 1) * BQ_TILE <= k) {
             memcpy(vals, x + b * BQ_TILE, sizeof vals);
         } else { /* the last block, zero past k */
             for (int j = 0; j < BQ_TILE; j++)
                 vals[j] = b * BQ_TILE + j < k ? x[b * BQ_TILE + j] : 0.0f;
         }
-        for (int j = 0; j < BQ_TILE; j++) top_bits = max_bits(top_bits, vals[j]);
-        if (group > 1 && b % group == 0) { /* the group's largest magnitude */
-            group_bits = 0;
-            for (int64_t j = b * BQ_TILE; j < (b + group) * BQ_TILE && j < k; j++)
-                group_bits = max_bits(group_bits, x[j]);
+        if (b % group == 0) { /* the largest magnitude of the block, or of its group */
+            uint32_t top_bits = 0;
+            if (group == 1) /* a loop of constant length, which the compiler vectorises */
+                for (int j = 0; j < BQ_TILE; j++) top_bits = max_bits(top_bits, vals[j]);
+            else
+                for (int64_t j = b * BQ_TILE; j < (b + group) * BQ_TILE && j < k; j++)
+                    top_bits = max_bits(top_bits, x[j]);
+            block_scale(top_bits, top, &d, &inv);
         }
-        float d, inv;
-        block_scale(group > 1 ? group_bits : top_bits, top, &d, &inv);
         int32_t q[BQ_TILE], sums[2] = {0, 0};
         for (int j = 0; j < BQ_TILE; j++) q[j] = (int32_t)__builtin_rintf(vals[j] * inv);
         for (int j = 0; j < BQ_TILE / 2; j++) {
@@ -140,7 +140,8 @@ static void quantize_row_plain(const bq_acts *xa, const float *x, int64_t k, int
 #if BQ_X86
 #define BQ_QUANT_AVX512 __attribute__((target("avx512f")))
 
-/* Row r of x into the activations: the AVX-512 loop, a block as two registers. */
+/* The 32 values at x as two registers, zero past `left` of them, and their magnitudes'
+ * lane-wise largest bits. */
 BQ_QUANT_AVX512 static __m512i masked_bits(const float *x, int64_t left, __m512i magnitude,
                                             __m512 *v0, __m512 *v1) {
     const __mmask16 m0 = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
@@ -152,6 +153,7 @@ BQ_QUANT_AVX512 static __m512i masked_bits(const float *x, int64_t left, __m512i
                             _mm512_and_si512(_mm512_castps_si512(*v1), magnitude));
 }
 
+/* Row r of x into the activations: the AVX-512 loop, a block as two registers. */
 BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *x, int64_t k,
                                                 int64_t r, int group) {
     const int wide = xa->qa16 != NULL;
@@ -159,20 +161,17 @@ BQ_QUANT_AVX512 static void quantize_row_avx512(const bq_acts *xa, const float *
     int8_t *qa = (int8_t *)xa->qa + r * xa->blocks * BQ_TILE;
     int16_t *qa16 = (int16_t *)xa->qa16 + r * xa->blocks * BQ_TILE;
     const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
-    uint32_t group_bits = 0;
+    float d = 0.0f, inv = 0.0f; /* of the block's group */
     for (int64_t b = 0; b < xa->blocks; b++) {
         __m512 v0, v1, w0, w1; /* past k the block reads zeros */
         const __m512i bits = masked_bits(x + b * BQ_TILE, k - b * BQ_TILE, magnitude, &v0, &v1);
-        if (group > 1 && b % group == 0) { /* the group's largest magnitude */
-            __m512i top_group = bits;
+        if (b % group == 0) { /* the largest magnitude of the block, or of its group */
+            __m512i top_bits = bits;
             for (int64_t e = b + 1; e < b + group && e < xa->blocks; e++)
-                top_group = _mm512_max_epu32(
-                    top_group, masked_bits(x + e * BQ_TILE, k - e * BQ_TILE, magnitude, &w0, &w1));
-            group_bits = (uint32_t)_mm512_reduce_max_epu32(top_group);
+                top_bits = _mm512_max_epu32(
+                    top_bits, masked_bits(x + e * BQ_TILE, k - e * BQ_TILE, magnitude, &w0, &w1));
+            block_scale((uint32_t)_mm512_reduce_max_epu32(top_bits), top, &d, &inv);
         }
-        float d, inv;
-        block_scale(group > 1 ? group_bits : (uint32_t)_mm512_reduce_max_epu32(bits), top, &d,
-                    &inv);
         const __m512 s = _mm512_set1_ps(inv);
         const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, s));
         const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, s));

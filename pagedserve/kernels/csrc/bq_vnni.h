@@ -46,30 +46,32 @@ BQ_INLINE BQ_VNNI __m512i vnni_codes(const uint8_t *tile, const int codes, const
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(book), low); /* C_BOOK: codebook + 128 */
 }
 
+/* D_j = d sc_j of a K type's sub-block j in scale part p, for the 16 lanes. */
+BQ_INLINE BQ_VNNI __m512 vnni_k_scale(const bq_layout *L, const uint8_t *p, __m512 d, int j) {
+    const __m128i sc = _mm_loadu_si128((const __m128i *)(p + bq_k_scales_at(L, j)));
+    __m512i s;
+    if (L->scales == S_K_D) s = _mm512_cvtepi8_epi32(sc);
+    else if (L->scales == S_K_DM) s = _mm512_cvtepu8_epi32(sc);
+    else s = _mm512_and_si512(_mm512_cvtepu8_epi32(sc), _mm512_set1_epi32(15));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
+}
+
 /* D (and M) of sub-block h of tile t for the 16 lanes. */
 BQ_INLINE BQ_VNNI void vnni_scales(const bq_layout *L, const bq_seg *s, int64_t g, int64_t t,
                                    int h, __m512 *D, __m512 *M) {
     const uint8_t *p = bq_scale_part(s, g, t * BQ_TILE / L->block);
-    const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h, subs = bq_subs(L);
+    const int j = (int)((t * BQ_TILE % L->block) / L->sub) + h;
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
     switch (L->scales) {
     case S_D: *D = d; return;
     case S_DM: *D = d; *M = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32))); return;
-    case S_K_D: {
-        const __m128i sc = _mm_loadu_si128((const __m128i *)(p + 32 + 16 * j));
-        *D = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-        return;
-    }
+    case S_K_D: *D = vnni_k_scale(L, p, d, j); return;
     default: {
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32)));
-        __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * j))), m;
-        if (L->scales == S_K_DM) {
-            m = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 64 + 16 * (subs + j))));
-        } else {
-            m = _mm512_srli_epi32(sc, 4);
-            sc = _mm512_and_si512(sc, _mm512_set1_epi32(15));
-        }
-        *D = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc));
+        const __m128i mins = _mm_loadu_si128((const __m128i *)(p + bq_k_mins_at(L, j)));
+        __m512i m = _mm512_cvtepu8_epi32(mins);
+        if (L->scales == S_K_DM4) m = _mm512_srli_epi32(m, 4);
+        *D = vnni_k_scale(L, p, d, j);
         *M = _mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m)));
     }
     }

@@ -36,26 +36,15 @@ BQ_INLINE BQ_VNNI __m512i vnni_k_weight_pair(const bq_layout *L, const uint8_t *
         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512i w;
     if (L->scales == S_K_D) {
-        w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p + 32 + 32 * q)));
-    } else if (L->scales == S_K_DM) {
-        const uint8_t *mins = p + 64 + 16 * (bq_subs(L) + 2 * q);
-        w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)mins));
+        const uint8_t *scales = p + bq_k_scales_at(L, 2 * q);
+        w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)scales));
     } else {
-        const __m256i both = _mm256_loadu_si256((const __m256i *)(p + 64 + 32 * q));
-        const __m256i mins = _mm256_and_si256(_mm256_srli_epi16(both, 4), _mm256_set1_epi8(15));
+        __m256i mins = _mm256_loadu_si256((const __m256i *)(p + bq_k_mins_at(L, 2 * q)));
+        if (L->scales == S_K_DM4)
+            mins = _mm256_and_si256(_mm256_srli_epi16(mins, 4), _mm256_set1_epi8(15));
         w = _mm512_cvtepu8_epi16(mins);
     }
     return _mm512_permutexvar_epi16(interleave, w);
-}
-
-/* D_j = d sc_j for the 16 lanes. */
-BQ_INLINE BQ_VNNI __m512 vnni_k_scale(const bq_layout *L, const uint8_t *p, __m512 d, int j) {
-    const __m128i sc = _mm_loadu_si128((const __m128i *)(p + (L->offset ? 32 : 64) + 16 * j));
-    __m512i s;
-    if (L->scales == S_K_D) s = _mm512_cvtepi8_epi32(sc);
-    else if (L->scales == S_K_DM) s = _mm512_cvtepu8_epi32(sc);
-    else s = _mm512_and_si512(_mm512_cvtepu8_epi32(sc), _mm512_set1_epi32(15));
-    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(s));
 }
 
 /* acc += w's int16 pairs dotted with the pair at p, broadcast to every lane (folded into the
